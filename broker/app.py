@@ -1,0 +1,482 @@
+"""The broker object: configuration, virtual hosts, plugins, timers, turn batching.
+
+One :class:`Broker` owns everything that lives on the event loop. It is also the
+``BrokerHandle`` the housekeeping pool talks to: :meth:`snapshot` and :meth:`apply_actions` run
+on the loop (the pool's threads reach them through :meth:`call_on_loop`).
+
+Work is batched per loop turn: queues that gained messages or capacity are marked dirty and
+dispatched once at the end of the turn (:meth:`end_of_turn`), then every connection with
+pending output is flushed with one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+from broker.clock import Clock, SystemClock
+from broker.domain.queue import SHARED, Consumer, Queue
+from broker.domain.timers import Timers
+from broker.domain.vhost import NoHooks, VirtualHost
+from broker.errors import RESOURCE_ERROR
+from broker.policy import (
+    Action,
+    CancelConsumer,
+    CloseConsumerChannels,
+    ConsumerView,
+    DeleteQueue,
+    IsolateConsumer,
+    LogOnly,
+    QueueView,
+    ReleaseConsumer,
+    SetPrefetch,
+    Snapshot,
+)
+from broker.store import MemoryStore
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
+    from broker.domain.message import Message
+    from broker.session import Connection
+
+log = logging.getLogger("broker")
+policy_log = logging.getLogger("broker.policy")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    heartbeat: float = 60.0
+    frame_max: int = 131072
+    channel_max: int = 2047
+    handshake_timeout: float = 10.0
+    max_message_size: int = 128 * 1024 * 1024
+    #: how long the broker waits for connection.close-ok before dropping the socket
+    close_timeout: float = 1.0
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, *, clock: Clock | None = None,
+                 hooks: Any = None, store: Any = None, name: str = "plugbroker") -> None:
+        self.config = config
+        self.name = name
+        self.clock: Clock = clock or SystemClock()
+        self.timers = Timers(self.clock)
+        self.hooks = hooks if hooks is not None else NoHooks()
+        self.store = store if store is not None else MemoryStore()
+        cl = config.limits
+        self.limits = Limits(heartbeat=cl.heartbeat, frame_max=cl.frame_max,
+                             channel_max=cl.channel_max, handshake_timeout=cl.handshake_timeout,
+                             max_message_size=cl.max_message_size)
+        self.connections: dict[str, Connection] = {}
+        self._conn_seq = itertools.count(1)
+        self._dirty: list[Queue] = []
+        self._flush: list[Connection] = []
+        self._turn_scheduled = False
+        #: set by the server to ``loop.call_soon``; None runs work at once (domain tests)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.alarm: str | None = None
+        self.vhosts: dict[str, VirtualHost] = {}
+        for name_ in config.vhosts:
+            self._add_vhost(name_)
+        self._loop_thread: int | None = None
+
+    # ------------------------------------------------------------------ setup
+
+    def _add_vhost(self, name: str) -> VirtualHost:
+        vh = VirtualHost(name, clock=self.clock, timers=self.timers, hooks=self.hooks,
+                         store=self.store, mark_dirty=self.mark_dirty)
+        vh.on_topology_change = self.resolve_policy
+        self.vhosts[name] = vh
+        vc = self.config.vhosts.get(name)
+        if vc is not None:
+            for ex in vc.exchanges:
+                vh.declare_exchange(ex.name, ex.type, durable=ex.durable,
+                                    auto_delete=ex.auto_delete, arguments=dict(ex.arguments))
+            for qc in vc.queues.values():
+                if getattr(qc, "declare", False):
+                    vh.declare_queue(qc.name, durable=bool(qc.durable),
+                                     subscription_type=qc.subscription)
+        return vh
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run deferred work on ``loop``: turn batching and the single timer wake-up."""
+        self.loop = loop
+        self._loop_thread = threading.get_ident()
+        self._timer_handle: asyncio.TimerHandle | None = None
+        self._timer_due: float | None = None
+        self.timers.on_earliest_changed = self._arm_timer
+        earliest = self.timers.earliest()
+        if earliest is not None:
+            self._arm_timer(earliest)
+
+    def _arm_timer(self, due: float) -> None:
+        loop = self.loop
+        if loop is None:
+            return
+        if self._timer_due is not None and self._timer_due <= due:
+            return
+        if self._timer_handle is not None:
+            self._timer_handle.cancel()
+        self._timer_due = due
+        delay = max(0.0, due - self.clock.monotonic())
+        self._timer_handle = loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer_handle = None
+        self._timer_due = None
+        try:
+            self.timers.run_due()
+        finally:
+            earliest = self.timers.earliest()
+            if earliest is not None:
+                self._arm_timer(earliest)
+            self.end_of_turn()
+
+    # ------------------------------------------------------------------ turn batching
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        if self.loop is not None:
+            self.loop.call_soon(fn)
+        else:
+            fn()
+
+    def _schedule_turn(self) -> None:
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            if self.loop is not None:
+                self.loop.call_soon(self.end_of_turn)
+
+    def mark_dirty(self, q: Queue) -> None:
+        self._dirty.append(q)
+        self._schedule_turn()
+
+    def want_flush(self, conn: Connection) -> None:
+        self._flush.append(conn)
+        self._schedule_turn()
+
+    def end_of_turn(self) -> None:
+        """Dispatch dirty queues, then write out every connection's pending output."""
+        self._turn_scheduled = False
+        dirty = self._dirty
+        rounds = 0
+        while dirty and rounds < 16:
+            rounds += 1
+            self._dirty = []
+            for q in dirty:
+                if q.dirty:
+                    q.dispatch()
+            dirty = self._dirty
+        flush, self._flush = self._flush, []
+        for conn in flush:
+            conn.flush()
+        if self._dirty or self._flush:
+            self._schedule_turn()
+
+    # ------------------------------------------------------------------ connections
+
+    def new_connection_id(self, peer: str) -> str:
+        return f"{peer}#{next(self._conn_seq)}"
+
+    def connection_opened(self, conn: Connection) -> None:
+        self.connections[conn.id] = conn
+
+    def connection_closed(self, conn: Connection) -> None:
+        if self.connections.pop(conn.id, None) is not None:
+            h = self.hooks.connection_closed
+            if h is not None:
+                h(connection_id=conn.id, code=0, text=conn.close_reason)
+
+    def authenticate(self, user: str, password: str) -> bool:
+        u = self.config.users.get(user)
+        return u is not None and u.password == password
+
+    def may_access(self, user: str, vhost: str) -> bool:
+        u = self.config.users.get(user)
+        return u is not None and vhost in u.vhosts
+
+    def check_name(self, name: str, sig: tuple[int, int]) -> None:
+        """Names are shortstrs (the codec bounds them at 255 bytes); nothing more to check."""
+
+    def set_alarm(self, reason: str | None) -> None:
+        """Raise (reason) or clear (None) a resource alarm: publishers are blocked meanwhile."""
+        if reason == self.alarm:
+            return
+        self.alarm = reason
+        log.warning("resource alarm %s%s", "raised: " if reason else "cleared",
+                    reason or "")
+        for conn in list(self.connections.values()):
+            conn.set_blocked(reason)
+
+    # ------------------------------------------------------------------ policy resolution
+
+    def configured_subscription(self, vhost: str, queue: str) -> str | None:
+        vc = self.config.vhosts.get(vhost)
+        if vc is None:
+            return None
+        qc = vc.queues.get(queue)
+        return qc.subscription if qc is not None else None
+
+    def resolve_policy(self, q: Queue) -> None:
+        """(Re)compute the policy sections that apply to ``q`` from its name and bindings."""
+        vc = self.config.vhosts.get(q.vhost.name)
+        if vc is None:
+            q.policy = {}
+            return
+        bindings = []
+        for ex_name, ex_type, key in q.bindings():
+            if ex_type == "x-delayed-message":
+                ex = q.vhost.exchanges.get(ex_name)
+                ex_type = getattr(getattr(ex, "inner", None), "type", ex_type)
+            bindings.append((ex_name, ex_type, key))
+        q.policy = vc.resolve(q.name, bindings)
+        iso = q.policy.get("isolation") if hasattr(q.policy, "get") else None
+        cap = getattr(iso, "max_unacked_per_consumer", None)
+        if cap:
+            q.max_unacked_per_consumer = cap
+            for c in q.consumers:
+                c.max_unacked = cap
+
+    def reload(self, config: BrokerConfig) -> None:
+        """Apply a new (already validated) configuration to the running queues."""
+        self.config = config
+        for vh in self.vhosts.values():
+            for q in vh.queues.values():
+                self.resolve_policy(q)
+        for name in config.vhosts:
+            if name not in self.vhosts:
+                self._add_vhost(name)
+        h = self.hooks.config_reloaded
+        if h is not None:
+            h(broker=self, config=config)
+
+    # ------------------------------------------------------------------ message fate
+
+    def rejected(self, q: Queue, msg: Message, requeue: bool) -> None:
+        """A consumer nacked/rejected ``msg``: ask the plugins, else follow AMQP."""
+        vh = q.vhost
+        decide = self.hooks.reject_decision
+        decision = None
+        if decide is not None:
+            decision = decide(vhost=vh.name, queue=q.name, message=msg, requeue=requeue,
+                              delivery_count=msg.delivery_count)
+        if decision is not None:
+            kind = decision.kind
+            if kind == "requeue":
+                self._requeue_one(q, msg, decision.delay)
+            elif kind == "dead-letter":
+                q.settle(msg)
+                vh.dead_letter(q, msg, decision.reason)
+            else:
+                q.settle(msg)
+            return
+        if requeue:
+            delay = None
+            hd = self.hooks.redelivery_delay
+            if hd is not None:
+                delay = hd(vhost=vh.name, queue=q.name, message=msg,
+                           delivery_count=msg.delivery_count + 1)
+            self._requeue_one(q, msg, delay or 0.0)
+        else:
+            q.settle(msg)
+            vh.dead_letter(q, msg, "rejected")
+
+    def _requeue_one(self, q: Queue, msg: Message, delay: float) -> None:
+        if delay > 0:
+            msg.delivery_count += 1
+            q.hold_back(msg, delay)
+        else:
+            q.requeue([msg])
+        self.after_requeue(q, [msg])
+        h = self.hooks.message_redelivered
+        if h is not None:
+            h(vhost=q.vhost.name, queue=q.name, message=msg, delivery_count=msg.delivery_count,
+              reason="rejected")
+
+    def after_requeue(self, q: Queue, msgs: Sequence[Message]) -> None:
+        """Persist raised delivery counts of stored messages."""
+        if self.store.durable:
+            for m in msgs:
+                if m.stored:
+                    self.store.update_message(q, m)
+
+    # ------------------------------------------------------------------ isolation support
+
+    def isolate_consumer(self, c: Consumer) -> int:
+        """Blocklist ``c`` and requeue its unacked messages to the others; returns how many."""
+        if c.isolated:
+            return 0
+        c.isolated = True
+        ch = c.channel
+        moved: list[Message] = []
+        unacked = getattr(ch, "unacked", None)
+        if unacked is not None:
+            for tag, (msg, q, cons) in list(unacked.items()):
+                if cons is c:
+                    del unacked[tag]
+                    ch.moved[tag] = (msg, q)  # type: ignore[attr-defined]
+                    moved.append(msg)
+            c.unacked = 0
+        if moved:
+            c.queue.requeue(moved)
+            self.after_requeue(c.queue, moved)
+            h = self.hooks.message_redelivered
+            if h is not None:
+                for m in moved:
+                    h(vhost=c.queue.vhost.name, queue=c.queue.name, message=m,
+                      delivery_count=m.delivery_count, reason="consumer isolated")
+        return len(moved)
+
+    def release_consumer(self, c: Consumer, reason: str) -> None:
+        if not c.isolated:
+            return
+        c.isolated = False
+        c.queue.vhost.mark_dirty(c.queue)
+        policy_log.info("consumer %s on queue '%s' (vhost '%s', connection %s) released from "
+                        "the blocklist: %s", c.tag, c.queue.name, c.queue.vhost.name,
+                        c.channel.connection_id, reason)
+        h = self.hooks.consumer_released
+        if h is not None:
+            h(vhost=c.queue.vhost.name, queue=c.queue.name, consumer_tag=c.tag,
+              connection_id=c.channel.connection_id, reason=reason)
+
+    # ------------------------------------------------------------------ snapshot / actions
+
+    def call_on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the loop and return its result (called from pool threads)."""
+        loop = self.loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            return fn(*args)
+
+        async def run() -> Any:
+            try:
+                return fn(*args)
+            finally:
+                self.end_of_turn()
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout=30)
+
+    def snapshot(self, vhost: str | None = None) -> Snapshot:
+        """Every queue's running figures and consumers: O(queues + consumers)."""
+        views = []
+        vhosts = [self.vhosts[vhost]] if vhost is not None else list(self.vhosts.values())
+        for vh in vhosts:
+            for q in vh.queues.values():
+                views.append(self.queue_view(q))
+        return Snapshot(self.clock.monotonic(), tuple(views))
+
+    def queue_view(self, q: Queue) -> QueueView:
+        consumers = tuple(
+            ConsumerView(c.tag, c.channel.connection_id, c.channel.id, c.unacked, c.last_ack,
+                         c.first_delivery, c.isolated, c.prefetch, c.no_ack)
+            for c in q.consumers)
+        return QueueView(
+            vhost=q.vhost.name, name=q.name, durable=q.durable, auto_delete=q.auto_delete,
+            exclusive=q.exclusive_owner is not None, subscription_type=q.subscription_type,
+            message_count=len(q.held), message_bytes=q.bytes, ready_count=len(q.ready),
+            unacked_count=q.unacked_count, oldest_arrival=q.oldest_arrival,
+            acks_total=q.acks_total, consumers=consumers, bindings=tuple(q.bindings()),
+            policy=q.policy, getters=tuple(q.getters))
+
+    def apply_actions(self, actions: Iterable[Action]) -> list[str]:
+        """Apply policy actions on the loop, re-checking each; returns each one's outcome."""
+        outcomes = []
+        for a in actions:
+            try:
+                outcome = self._apply(a)
+            except Exception:
+                log.exception("applying %r failed", a)
+                outcome = "failed"
+            outcomes.append(outcome)
+            h = self.hooks.policy_action
+            if h is not None:
+                h(action=a, outcome=outcome)
+        self.end_of_turn()
+        return outcomes
+
+    def _apply(self, a: Action) -> str:
+        vh = self.vhosts.get(a.vhost)
+        q = vh.queues.get(a.queue) if vh is not None else None
+        what = (f"{a.policy}: vhost '{a.vhost}' queue '{a.queue}'"
+                + (f" {a.threshold} configured {a.configured:g} measured {a.measured:g}"
+                   if a.threshold and a.configured is not None and a.measured is not None
+                   else ""))
+        if isinstance(a, LogOnly):
+            policy_log.warning("%s: would act (%s) [log only]", what, a.reason)
+            return "logged"
+        if q is None or q.deleted:
+            return "stale"
+        if isinstance(a, CloseConsumerChannels):
+            channels = {}
+            for c in q.consumers:
+                channels[id(c.channel)] = c.channel
+            for conn_id, ch_id in list(q.getters):
+                conn = self.connections.get(conn_id)
+                ch = conn.channels.get(ch_id) if conn is not None else None
+                if ch is not None:
+                    channels[id(ch)] = ch
+            tags = [c.tag for c in q.consumers]
+            for ch in channels.values():
+                ch.conn.close_channel(ch, a.code, a.text)
+            policy_log.warning("%s: closed %d channel(s) with %d %r (consumers %s): %s", what,
+                               len(channels), a.code, a.text, ", ".join(tags) or "none",
+                               a.reason)
+            return "applied"
+        if isinstance(a, DeleteQueue):
+            n = len(q.held)
+            q.vhost.delete_queue(q, reason=f"policy {a.policy}: {a.reason}")
+            policy_log.warning("%s: queue deleted, %d messages released: %s", what, n, a.reason)
+            return "applied"
+        c = self._find_consumer(q, getattr(a, "consumer_tag", ""), getattr(a, "connection_id", ""))
+        if c is None:
+            return "stale"
+        if isinstance(a, IsolateConsumer):
+            if c.isolated:
+                return "stale"
+            moved = self.isolate_consumer(c)
+            now = self.clock.monotonic()
+            age = now - (c.last_ack if c.last_ack is not None else (c.first_delivery or now))
+            policy_log.warning("%s: consumer %s (connection %s) isolated: no ack for %.3f s, "
+                               "%d unacked moved to the other consumers", what, c.tag,
+                               c.channel.connection_id, age, moved)
+            h = self.hooks.consumer_isolated
+            if h is not None:
+                h(vhost=q.vhost.name, queue=q.name, consumer_tag=c.tag,
+                  connection_id=c.channel.connection_id, last_ack_age=age, moved=moved)
+            return "applied"
+        if isinstance(a, ReleaseConsumer):
+            self.release_consumer(c, a.reason)
+            return "applied"
+        if isinstance(a, CancelConsumer):
+            ch = c.channel
+            q.remove_consumer(c)
+            ch.consumer_cancelled_by_broker(c)  # type: ignore[attr-defined]
+            policy_log.warning("%s: consumer %s cancelled: %s", what, c.tag, a.reason)
+            return "applied"
+        if isinstance(a, SetPrefetch):
+            c.prefetch = a.prefetch
+            q.vhost.mark_dirty(q)
+            policy_log.warning("%s: consumer %s prefetch set to %d: %s", what, c.tag,
+                               a.prefetch, a.reason)
+            return "applied"
+        return "unknown"
+
+    @staticmethod
+    def _find_consumer(q: Queue, tag: str, connection_id: str) -> Consumer | None:
+        for c in q.consumers:
+            if c.tag == tag and (not connection_id or c.channel.connection_id == connection_id):
+                return c
+        return None
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close_all(self, text: str = "broker shutdown") -> None:
+        for conn in list(self.connections.values()):
+            conn.force_close(text)
+        self.end_of_turn()
+
+
+__all__ = ["Broker", "Limits", "RESOURCE_ERROR", "SHARED"]

@@ -1,0 +1,367 @@
+"""Sans-IO AMQP 0-9-1 codec for the server side.
+
+The codec never touches a socket or an event loop: bytes go in with :meth:`ServerCodec.
+receive_data`, events come out of :meth:`ServerCodec.next_event` (or :data:`NEED_DATA`), and the
+``encode_*`` methods turn outgoing methods into bytes for the caller to write.
+
+Content is assembled here: a ``basic.publish`` method frame, its content header and its body
+frames come out as one :class:`Publish` event whose ``properties`` are the raw property bytes of
+the header, passed through to consumers byte for byte. Routing reads only what it needs from
+them (:func:`broker.codec.properties.peek`).
+
+Framing errors raise :class:`broker.errors.ConnectionError_` (or :class:`ChannelError` for a
+per-channel content error) carrying the reply code; after a framing error the codec is
+``broken`` and discards further input, since frame boundaries can no longer be trusted.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+from broker.codec.methods import BY_NAME, MethodSpec, decode_args, encode_args, lookup
+from broker.errors import (
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    FRAME_ERROR,
+    PRECONDITION_FAILED,
+    SYNTAX_ERROR,
+    UNEXPECTED_FRAME,
+    ChannelError,
+    ConnectionError_,
+    FrameError,
+)
+
+PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
+FRAME_METHOD: Final = 1
+FRAME_HEADER: Final = 2
+FRAME_BODY: Final = 3
+FRAME_HEARTBEAT: Final = 8
+FRAME_END: Final = 0xCE
+FRAME_OVERHEAD: Final = 8  # type(1) channel(2) size(4) ... end(1)
+#: every peer must accept frames this large before tune (spec 4.2.3)
+FRAME_MIN_SIZE: Final = 4096
+
+_HDR = struct.Struct(">BHI")
+_CONTENT_HDR = struct.Struct(">HHQ")
+_U64 = struct.Struct(">Q")
+_PUBLISH_SIG: Final = b"\x00\x3c\x00\x28"  # 60, 40
+_ACK_SIG: Final = b"\x00\x3c\x00\x50"  # 60, 80
+_DELIVER_SIG: Final = b"\x00\x3c\x00\x3c"  # 60, 60
+_HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+_BASIC_CLASS: Final = 60
+
+
+class _NeedData:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolHeader:
+    """The 8-byte greeting; ``ok`` is false when it is not AMQP 0-9-1."""
+
+    ok: bool
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """A method without content (everything except basic.publish from a client)."""
+
+    channel: int
+    spec: MethodSpec
+    args: tuple[Any, ...]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """A complete basic.publish: method, content header and body."""
+
+    channel: int
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    immediate: bool
+    body_size: int
+    #: raw property flags and property list of the content header, passed through unchanged
+    properties: bytes
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    channel: int
+
+
+Event = ProtocolHeader | Method | Publish | Heartbeat
+
+
+class _Pending:
+    """A publish whose header or body frames have not all arrived."""
+
+    __slots__ = ("exchange", "routing_key", "mandatory", "immediate", "body_size",
+                 "properties", "chunks", "received", "has_header", "discard")
+
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.immediate = immediate
+        self.body_size = 0
+        self.properties = b""
+        self.chunks: list[bytes] = []
+        self.received = 0
+        self.has_header = False
+        self.discard = False
+
+
+class ServerCodec:
+    """Parses client frames and encodes server frames for one connection.
+
+    :param frame_max: the largest frame (including its 8 bytes of overhead) accepted before
+        tune-ok; :meth:`tune` sets the negotiated value.
+    :param max_message_size: larger bodies are refused with a 406 channel error.
+    """
+
+    def __init__(self, frame_max: int = 131072, max_message_size: int = 128 * 1024 * 1024) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self._greeted = False
+        self.broken = False
+        self.frame_max = max(frame_max, FRAME_MIN_SIZE)
+        self.max_message_size = max_message_size
+        self._pending: dict[int, _Pending] = {}
+
+    # ------------------------------------------------------------------ input
+
+    def tune(self, frame_max: int) -> None:
+        """Apply the negotiated frame_max (0 means no limit beyond our own offer)."""
+        if frame_max:
+            self.frame_max = max(frame_max, FRAME_MIN_SIZE)
+
+    def receive_data(self, data: bytes) -> None:
+        if self.broken:
+            return
+        buf = self._buf
+        if self._pos and self._pos == len(buf):
+            buf.clear()
+            self._pos = 0
+        elif self._pos > 65536:
+            del buf[: self._pos]
+            self._pos = 0
+        buf += data
+
+    def buffered(self) -> int:
+        """Bytes received and not yet parsed."""
+        return len(self._buf) - self._pos
+
+    def discard_channel(self, channel: int) -> None:
+        """Forget a partial publish on a channel that is being closed."""
+        self._pending.pop(channel, None)
+
+    def next_event(self) -> Event | _NeedData:
+        """The next complete event, or :data:`NEED_DATA`.
+
+        Raises an :class:`~broker.errors.AMQPError` for input that breaks the protocol.
+        """
+        if self.broken:
+            return NEED_DATA
+        try:
+            if not self._greeted:
+                return self._read_protocol_header()
+            while True:
+                ev = self._read_frame()
+                if ev is not None:
+                    return ev
+        except ConnectionError_:
+            self.broken = True
+            raise
+
+    def _read_protocol_header(self) -> ProtocolHeader | _NeedData:
+        buf = self._buf
+        have = len(buf) - self._pos
+        if have < 8:
+            # A wrong first byte is already an answer; do not wait for eight of them.
+            if have and not PROTOCOL_HEADER.startswith(bytes(buf[self._pos:self._pos + have])):
+                self.broken = True
+                return ProtocolHeader(False, bytes(buf[self._pos:]))
+            return NEED_DATA
+        data = bytes(buf[self._pos:self._pos + 8])
+        self._pos += 8
+        if data != PROTOCOL_HEADER:
+            self.broken = True
+            return ProtocolHeader(False, data)
+        self._greeted = True
+        return ProtocolHeader(True, data)
+
+    def _read_frame(self) -> Event | _NeedData | None:
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < 7:
+            return NEED_DATA
+        ftype, channel, size = _HDR.unpack_from(buf, pos)
+        if size + FRAME_OVERHEAD > self.frame_max:
+            raise FrameError(
+                FRAME_ERROR, f"frame of {size + FRAME_OVERHEAD} bytes exceeds frame_max "
+                f"{self.frame_max}")
+        end = pos + 7 + size
+        if len(buf) <= end:
+            return NEED_DATA
+        if buf[end] != FRAME_END:
+            raise FrameError(FRAME_ERROR, f"frame end octet is 0x{buf[end]:02x}, not 0xce")
+        payload = bytes(buf[pos + 7:end])
+        self._pos = end + 1
+        if ftype == FRAME_METHOD:
+            return self._on_method(channel, payload)
+        if ftype == FRAME_BODY:
+            return self._on_body(channel, payload)
+        if ftype == FRAME_HEADER:
+            return self._on_header(channel, payload)
+        if ftype == FRAME_HEARTBEAT:
+            if channel != 0:
+                raise FrameError(FRAME_ERROR, f"heartbeat frame on channel {channel}")
+            return Heartbeat(channel)
+        raise FrameError(FRAME_ERROR, f"unknown frame type {ftype}")
+
+    def _on_method(self, channel: int, payload: bytes) -> Event | None:
+        if len(payload) < 4:
+            raise ConnectionError_(SYNTAX_ERROR, "method frame shorter than its class and method ids")
+        if channel in self._pending:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, f"method frame on channel {channel} while content was expected")
+        head = payload[:4]
+        if head == _ACK_SIG and len(payload) == 13:
+            return Method(channel, _ACK, (_U64.unpack_from(payload, 4)[0], bool(payload[12] & 1)))
+        if head == _PUBLISH_SIG:
+            try:
+                p = 6
+                n = payload[p]
+                exchange = payload[p + 1:p + 1 + n].decode()
+                p += 1 + n
+                n = payload[p]
+                routing_key = payload[p + 1:p + 1 + n].decode()
+                p += 1 + n
+                bits = payload[p]
+                if p + 1 != len(payload) or len(routing_key.encode()) != n:
+                    raise IndexError
+            except (IndexError, UnicodeDecodeError):
+                raise ConnectionError_(
+                    SYNTAX_ERROR, "malformed arguments for basic.publish", (60, 40)) from None
+            if channel == 0:
+                raise ConnectionError_(COMMAND_INVALID, "basic.publish on channel 0", (60, 40))
+            self._pending[channel] = _Pending(exchange, routing_key, bool(bits & 1), bool(bits & 2))
+            return None
+        class_id, method_id = struct.unpack_from(">HH", payload)
+        spec = lookup(class_id, method_id)
+        args = decode_args(spec, payload)
+        if spec.content:
+            # Only basic.publish carries content from a client; the others are server-only.
+            raise ConnectionError_(
+                COMMAND_INVALID, f"{spec.name} is sent by servers only", spec.sig)
+        return Method(channel, spec, args)
+
+    def _on_header(self, channel: int, payload: bytes) -> Publish | None:
+        pending = self._pending.get(channel)
+        if pending is None or pending.has_header:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, f"content header on channel {channel} without a content method")
+        if len(payload) < 14:
+            raise FrameError(FRAME_ERROR, "content header frame shorter than 14 bytes")
+        class_id, _weight, body_size = _CONTENT_HDR.unpack_from(payload)
+        if class_id != _BASIC_CLASS:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, f"content header for class {class_id}, expected 60 (basic)")
+        pending.has_header = True
+        pending.body_size = body_size
+        pending.properties = payload[12:]
+        if body_size > self.max_message_size:
+            pending.discard = True
+        if body_size == 0:
+            return self._complete(channel, pending)
+        return None
+
+    def _on_body(self, channel: int, payload: bytes) -> Publish | None:
+        pending = self._pending.get(channel)
+        if pending is None or not pending.has_header:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, f"content body on channel {channel} without a content header")
+        pending.received += len(payload)
+        if pending.received > pending.body_size:
+            raise FrameError(
+                FRAME_ERROR, f"content body on channel {channel} is longer than the "
+                f"{pending.body_size} bytes its header declared")
+        if not pending.discard:
+            pending.chunks.append(payload)
+        if pending.received == pending.body_size:
+            return self._complete(channel, pending)
+        return None
+
+    def _complete(self, channel: int, p: _Pending) -> Publish:
+        del self._pending[channel]
+        if p.discard:
+            raise ChannelError(
+                PRECONDITION_FAILED, f"message size {p.body_size} is larger than the configured "
+                f"maximum {self.max_message_size}", (60, 40), channel)
+        chunks = p.chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return Publish(channel, p.exchange, p.routing_key, p.mandatory, p.immediate,
+                       p.body_size, p.properties, body)
+
+    # ----------------------------------------------------------------- output
+
+    @staticmethod
+    def encode_method(channel: int, name: str, *args: Any) -> bytes:
+        """A method frame for ``name`` (e.g. ``"queue.declare_ok"``) with its arguments."""
+        payload = encode_args(BY_NAME[name], args)
+        return _HDR.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
+
+    def encode_content(self, channel: int, body_size: int, properties: bytes, body: bytes) -> bytes:
+        """Content header plus body frames, split at the negotiated frame_max."""
+        header = _CONTENT_HDR.pack(_BASIC_CLASS, 0, body_size) + properties
+        parts = [_HDR.pack(FRAME_HEADER, channel, len(header)), header, b"\xce"]
+        if body:
+            room = self.frame_max - FRAME_OVERHEAD
+            if len(body) <= room:
+                parts += (_HDR.pack(FRAME_BODY, channel, len(body)), body, b"\xce")
+            else:
+                view = memoryview(body)
+                for i in range(0, len(body), room):
+                    chunk = view[i:i + room]
+                    parts += (_HDR.pack(FRAME_BODY, channel, len(chunk)), chunk, b"\xce")
+        return b"".join(parts)
+
+    def encode_deliver(
+        self, channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool,
+        exchange: bytes, routing_key: bytes, body_size: int, properties: bytes, body: bytes,
+    ) -> bytes:
+        """basic.deliver with its content; tags and names come pre-encoded (the hot path)."""
+        args = b"".join((
+            _DELIVER_SIG, bytes((len(consumer_tag),)), consumer_tag, _U64.pack(delivery_tag),
+            b"\x01" if redelivered else b"\x00", bytes((len(exchange),)), exchange,
+            bytes((len(routing_key),)), routing_key,
+        ))
+        return (_HDR.pack(FRAME_METHOD, channel, len(args)) + args + b"\xce"
+                + self.encode_content(channel, body_size, properties, body))
+
+    @staticmethod
+    def encode_heartbeat() -> bytes:
+        return _HEARTBEAT_FRAME
+
+
+_ACK = BY_NAME["basic.ack"]
+
+__all__ = [
+    "CHANNEL_ERROR", "Event", "Heartbeat", "Method", "NEED_DATA", "PROTOCOL_HEADER",
+    "ProtocolHeader", "Publish", "ServerCodec",
+]

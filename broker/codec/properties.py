@@ -1,0 +1,115 @@
+"""Basic content properties: a cheap peek for routing, full decode/encode for the slow path.
+
+The broker passes the raw property bytes of a published message through to its consumers. Only
+four properties matter to routing and queueing (delivery_mode, priority, expiration, headers),
+and :func:`peek` reads just those, skipping the rest by their lengths. Headers are decoded only
+when an exchange or a feature needs them. Dead-lettering, which must add headers, decodes and
+re-encodes the whole property list with py-amqp's serializer.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from amqp.basic_message import Message as _AmqpMessage
+from amqp.serialization import decode_properties_basic, loads
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+
+# flag bits, in property-list order
+_CONTENT_TYPE = 1 << 15
+_CONTENT_ENCODING = 1 << 14
+_HEADERS = 1 << 13
+_DELIVERY_MODE = 1 << 12
+_PRIORITY = 1 << 11
+_CORRELATION_ID = 1 << 10
+_REPLY_TO = 1 << 9
+_EXPIRATION = 1 << 8
+_MESSAGE_ID = 1 << 7
+
+
+class PropertiesError(ValueError):
+    """The property list does not match its flags."""
+
+
+def peek(raw: bytes) -> tuple[int, int, str | None, int]:
+    """Read ``(delivery_mode, priority, expiration, headers_offset)`` from raw properties.
+
+    ``headers_offset`` is the offset of the headers table in ``raw``, or -1 when absent;
+    :func:`headers_at` decodes it on demand. Missing values are 0 / ``None``.
+    """
+    try:
+        flags = _U16.unpack_from(raw, 0)[0]
+        p = 2
+        if flags & 1:  # a continuation word; basic has no properties there
+            p += 2
+        if flags & _CONTENT_TYPE:
+            p += 1 + raw[p]
+        if flags & _CONTENT_ENCODING:
+            p += 1 + raw[p]
+        hoff = -1
+        if flags & _HEADERS:
+            hoff = p
+            p += 4 + _U32.unpack_from(raw, p)[0]
+        mode = 0
+        if flags & _DELIVERY_MODE:
+            mode = raw[p]
+            p += 1
+        prio = 0
+        if flags & _PRIORITY:
+            prio = raw[p]
+            p += 1
+        expiration = None
+        if flags & _EXPIRATION:
+            if flags & _CORRELATION_ID:
+                p += 1 + raw[p]
+            if flags & _REPLY_TO:
+                p += 1 + raw[p]
+            n = raw[p]
+            expiration = raw[p + 1:p + 1 + n].decode()
+            if len(expiration) != n:
+                raise IndexError
+        return mode, prio, expiration, hoff
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise PropertiesError(f"content header properties are malformed: {exc}") from None
+
+
+def headers_at(raw: bytes, offset: int) -> dict[str, Any]:
+    """Decode the headers table found by :func:`peek` (``{}`` when ``offset`` is -1)."""
+    if offset < 0:
+        return {}
+    try:
+        values, _ = loads("F", raw, offset)
+    except Exception as exc:
+        raise PropertiesError(f"headers table is malformed: {exc}") from None
+    return values[0]
+
+
+def decode(raw: bytes) -> dict[str, Any]:
+    """All properties as a dict (py-amqp's names: ``content_type``, ``application_headers`` …)."""
+    try:
+        props, _ = decode_properties_basic(raw, 0)
+    except Exception as exc:
+        raise PropertiesError(f"content header properties are malformed: {exc}") from None
+    return props
+
+
+def encode(props: dict[str, Any]) -> bytes:
+    """Raw property bytes for a dict in :func:`decode`'s shape."""
+    msg = _AmqpMessage()
+    msg.properties = {k: v for k, v in props.items() if v is not None}
+    return bytes(msg._serialize_properties())
+
+
+def expiration_ms(value: str | None) -> int | None:
+    """The per-message ``expiration`` property as milliseconds; ``None`` when absent.
+
+    Raises :class:`PropertiesError` for anything but a non-negative integer, as RabbitMQ does.
+    """
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise PropertiesError(f"invalid expiration value {value!r}: must be a non-negative integer")
+    return int(value)

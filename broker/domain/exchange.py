@@ -1,0 +1,277 @@
+"""Exchanges: one class per type, each answering ``route(message) -> destinations``.
+
+A destination is a :class:`~broker.domain.queue.Queue` or another :class:`Exchange`
+(exchange-to-exchange bindings); the virtual host follows exchange destinations and removes
+duplicates.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Union
+
+if TYPE_CHECKING:
+    from broker.domain.message import Message
+    from broker.domain.queue import Queue
+
+Destination = Union["Queue", "Exchange"]
+
+
+class Binding:
+    __slots__ = ("source", "destination", "routing_key", "arguments")
+
+    def __init__(self, source: Exchange, destination: Destination, routing_key: str,
+                 arguments: dict[str, Any]) -> None:
+        self.source = source
+        self.destination = destination
+        self.routing_key = routing_key
+        self.arguments = arguments
+
+    @property
+    def key(self) -> tuple[int, str, tuple[tuple[str, Any], ...]]:
+        return (id(self.destination), self.routing_key, _freeze(self.arguments))
+
+
+def _freeze(args: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, repr(v)) for k, v in args.items()))
+
+
+class Exchange:
+    """Base class: bookkeeping of bindings; subclasses implement :meth:`route`."""
+
+    type = ""
+    __slots__ = ("name", "durable", "auto_delete", "internal", "arguments", "bindings",
+                 "_by_key", "alternate", "__weakref__")
+
+    def __init__(self, name: str, *, durable: bool = False, auto_delete: bool = False,
+                 internal: bool = False, arguments: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = arguments or {}
+        self.bindings: dict[tuple[int, str, tuple[tuple[str, Any], ...]], Binding] = {}
+        ae = self.arguments.get("alternate-exchange")
+        self.alternate: str | None = ae if isinstance(ae, str) and ae else None
+
+    def bind(self, b: Binding) -> bool:
+        """Add a binding; False when an identical one exists (binding is idempotent)."""
+        if b.key in self.bindings:
+            return False
+        self.bindings[b.key] = b
+        self._added(b)
+        return True
+
+    def unbind(self, destination: Destination, routing_key: str,
+               arguments: dict[str, Any]) -> Binding | None:
+        b = self.bindings.pop((id(destination), routing_key, _freeze(arguments)), None)
+        if b is not None:
+            self._removed(b)
+        return b
+
+    def unbind_destination(self, destination: Destination) -> list[Binding]:
+        gone = [b for b in self.bindings.values() if b.destination is destination]
+        for b in gone:
+            del self.bindings[b.key]
+            self._removed(b)
+        return gone
+
+    def _added(self, b: Binding) -> None:
+        pass
+
+    def _removed(self, b: Binding) -> None:
+        pass
+
+    def route(self, msg: Message) -> Iterable[Destination]:
+        raise NotImplementedError
+
+    def equivalent(self, type_: str, durable: bool, auto_delete: bool, internal: bool,
+                   arguments: dict[str, Any]) -> str | None:
+        """None if a redeclare matches; otherwise the name of the first field that differs."""
+        if type_ != self.type:
+            return "type"
+        if durable != self.durable:
+            return "durable"
+        if auto_delete != self.auto_delete:
+            return "auto_delete"
+        if internal != self.internal:
+            return "internal"
+        if _freeze(arguments) != _freeze(self.arguments):
+            return "arguments"
+        return None
+
+    def __repr__(self) -> str:
+        return f"<{self.__class__.__name__} {self.name!r}>"
+
+
+class DirectExchange(Exchange):
+    type = "direct"
+    __slots__ = ()
+
+    def __init__(self, name: str, **kw: Any) -> None:
+        super().__init__(name, **kw)
+        self._by_key: dict[str, list[Destination]] = {}
+
+    def _added(self, b: Binding) -> None:
+        self._by_key.setdefault(b.routing_key, []).append(b.destination)
+
+    def _removed(self, b: Binding) -> None:
+        dests = self._by_key.get(b.routing_key)
+        if dests is not None:
+            dests.remove(b.destination)
+            if not dests:
+                del self._by_key[b.routing_key]
+
+    def route(self, msg: Message) -> Iterable[Destination]:
+        return self._by_key.get(msg.routing_key, ())
+
+
+class FanoutExchange(Exchange):
+    type = "fanout"
+    __slots__ = ()
+
+    def __init__(self, name: str, **kw: Any) -> None:
+        super().__init__(name, **kw)
+        self._by_key = {"": []}
+
+    def _added(self, b: Binding) -> None:
+        self._by_key[""].append(b.destination)
+
+    def _removed(self, b: Binding) -> None:
+        self._by_key[""].remove(b.destination)
+
+    def route(self, msg: Message) -> Iterable[Destination]:
+        return self._by_key[""]
+
+
+def topic_matches(pattern: str, routing_key: str) -> bool:
+    """AMQP topic matching: words split on '.', ``*`` is one word, ``#`` zero or more."""
+    return _match_words(pattern.split("."), 0, routing_key.split("."), 0)
+
+
+def _match_words(p: list[str], i: int, k: list[str], j: int) -> bool:
+    while i < len(p):
+        w = p[i]
+        if w == "#":
+            if i == len(p) - 1:
+                return True
+            return any(_match_words(p, i + 1, k, jj) for jj in range(j, len(k) + 1))
+        if j >= len(k):
+            return False
+        if w != "*" and w != k[j]:
+            return False
+        i += 1
+        j += 1
+    return j == len(k)
+
+
+class TopicExchange(Exchange):
+    """Topic routing with a per-routing-key result cache, cleared when bindings change."""
+
+    type = "topic"
+    __slots__ = ()
+    CACHE_MAX = 4096
+
+    def __init__(self, name: str, **kw: Any) -> None:
+        super().__init__(name, **kw)
+        self._by_key: dict[str, tuple[Destination, ...]] = {}
+
+    def _added(self, b: Binding) -> None:
+        self._by_key.clear()
+
+    def _removed(self, b: Binding) -> None:
+        self._by_key.clear()
+
+    def route(self, msg: Message) -> Iterable[Destination]:
+        key = msg.routing_key
+        hit = self._by_key.get(key)
+        if hit is not None:
+            return hit
+        words = key.split(".")
+        out: list[Destination] = []
+        for b in self.bindings.values():
+            if _match_words(b.routing_key.split("."), 0, words, 0) and b.destination not in out:
+                out.append(b.destination)
+        result = tuple(out)
+        if len(self._by_key) >= self.CACHE_MAX:
+            self._by_key.clear()
+        self._by_key[key] = result
+        return result
+
+
+class HeadersExchange(Exchange):
+    """Routes on message headers; binding argument ``x-match`` is all (default), any,
+    all-with-x or any-with-x, as in RabbitMQ."""
+
+    type = "headers"
+    __slots__ = ()
+
+    def route(self, msg: Message) -> Iterable[Destination]:
+        headers = msg.headers
+        out: list[Destination] = []
+        for b in self.bindings.values():
+            if b.destination not in out and headers_match(b.arguments, headers):
+                out.append(b.destination)
+        return out
+
+
+def headers_match(binding_args: dict[str, Any], headers: dict[str, Any]) -> bool:
+    mode = binding_args.get("x-match", "all")
+    with_x = mode in ("all-with-x", "any-with-x")
+    want_all = mode in ("all", "all-with-x")
+    checked = False
+    for k, v in binding_args.items():
+        if k.startswith("x-") and not with_x:
+            continue
+        if k == "x-match":
+            continue
+        checked = True
+        present = k in headers
+        ok = present and (v is None or v == "" or headers[k] == v)
+        if want_all and not ok:
+            return False
+        if not want_all and ok:
+            return True
+    return want_all if checked else want_all
+
+
+EXCHANGE_TYPES: dict[str, type[Exchange]] = {
+    "direct": DirectExchange,
+    "fanout": FanoutExchange,
+    "topic": TopicExchange,
+    "headers": HeadersExchange,
+}
+
+DELAYED_TYPE = "x-delayed-message"
+
+
+class DelayedExchange(Exchange):
+    """``x-delayed-message``: holds a message for its ``x-delay`` header (ms), then routes it
+    like its ``x-delayed-type``. The holding is done by the virtual host's timer heap."""
+
+    type = DELAYED_TYPE
+    __slots__ = ("inner",)
+
+    def __init__(self, name: str, **kw: Any) -> None:
+        super().__init__(name, **kw)
+        inner_type = self.arguments.get("x-delayed-type")
+        cls = EXCHANGE_TYPES[inner_type] if isinstance(inner_type, str) else DirectExchange
+        self.inner: Exchange = cls(name)
+
+    def _added(self, b: Binding) -> None:
+        self.inner.bindings[b.key] = b
+        self.inner._added(b)
+
+    def _removed(self, b: Binding) -> None:
+        self.inner.bindings.pop(b.key, None)
+        self.inner._removed(b)
+
+    def route(self, msg: Message) -> Iterable[Destination]:
+        return self.inner.route(msg)
+
+    @staticmethod
+    def delay_of(msg: Message) -> float:
+        """Seconds to hold the message; 0 when it has no (or a non-positive) x-delay."""
+        d = msg.headers.get("x-delay") if msg._hoff >= 0 else None
+        if isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0:
+            return d / 1000.0
+        return 0.0

@@ -1,0 +1,113 @@
+"""A message as a queue holds it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.codec import properties as props_codec
+
+
+class Message:
+    """One published message in one queue.
+
+    A message routed to several queues is shallow-copied per queue (:meth:`copy`): the body and
+    raw properties are shared, the per-queue state (delivery count, redelivered, expiry) is not.
+
+    ``properties`` are the raw property bytes of the content header, passed through unchanged to
+    consumers. ``headers`` and :attr:`decoded` are decoded on first use only.
+    """
+
+    __slots__ = (
+        "id", "exchange", "routing_key", "properties", "body", "body_size", "persistent",
+        "priority", "expiration", "_hoff", "_headers", "arrival", "timestamp", "delivery_count",
+        "redelivered", "expires_at", "queue_name", "stored", "__weakref__",
+    )
+
+    def __init__(
+        self, id: int, exchange: str, routing_key: str, properties: bytes, body: bytes,
+        body_size: int, arrival: float, timestamp: float, *, delivery_mode: int = 0,
+        priority: int = 0, expiration: int | None = None, headers_offset: int = -1,
+    ) -> None:
+        self.id = id
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.properties = properties
+        self.body = body
+        self.body_size = body_size
+        self.persistent = delivery_mode == 2
+        self.priority = priority
+        #: per-message TTL in milliseconds (the ``expiration`` property), or None
+        self.expiration = expiration
+        self._hoff = headers_offset
+        self._headers: dict[str, Any] | None = None
+        #: monotonic time it entered its queue (ages and rates are measured from it)
+        self.arrival = arrival
+        #: wall-clock time it was published (for x-death and the journal)
+        self.timestamp = timestamp
+        self.delivery_count = 0
+        self.redelivered = False
+        #: monotonic deadline after which the message is expired, or None
+        self.expires_at: float | None = None
+        self.queue_name = ""
+        #: True once the store holds it (persistent message in a durable queue)
+        self.stored = False
+
+    @classmethod
+    def from_publish(
+        cls, id: int, exchange: str, routing_key: str, properties: bytes, body: bytes,
+        body_size: int, arrival: float, timestamp: float,
+    ) -> Message:
+        """Build from the raw publish; raises PropertiesError for malformed properties."""
+        mode, prio, exp, hoff = props_codec.peek(properties)
+        return cls(id, exchange, routing_key, properties, body, body_size, arrival, timestamp,
+                   delivery_mode=mode, priority=prio,
+                   expiration=props_codec.expiration_ms(exp), headers_offset=hoff)
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        """The application headers (decoded once, on first use)."""
+        h = self._headers
+        if h is None:
+            h = self._headers = props_codec.headers_at(self.properties, self._hoff)
+        return h
+
+    @property
+    def decoded(self) -> dict[str, Any]:
+        """All properties, decoded (slow path)."""
+        return props_codec.decode(self.properties)
+
+    @property
+    def message_id(self) -> str | None:
+        """The publisher's ``message_id`` property, if any (slow path)."""
+        return self.decoded.get("message_id")
+
+    def delivery_properties(self) -> bytes:
+        """The raw properties to deliver: as published, plus ``x-delivery-count`` on a
+        redelivery (re-encoding only then, off the first-delivery hot path)."""
+        if not self.delivery_count:
+            return self.properties
+        props = self.decoded
+        headers = dict(props.get("application_headers") or {})
+        headers["x-delivery-count"] = self.delivery_count
+        props["application_headers"] = headers
+        return props_codec.encode(props)
+
+    def copy(self) -> Message:
+        m = Message.__new__(Message)
+        for name in Message.__slots__:
+            if name != "__weakref__":
+                setattr(m, name, getattr(self, name))
+        return m
+
+    def with_properties(self, props: dict[str, Any], new_id: int) -> Message:
+        """A copy with re-encoded properties and fresh per-queue state (dead-lettering)."""
+        raw = props_codec.encode(props)
+        mode, prio, exp, hoff = props_codec.peek(raw)
+        m = Message(new_id, self.exchange, self.routing_key, raw, self.body, self.body_size,
+                    self.arrival, self.timestamp, delivery_mode=mode, priority=prio,
+                    expiration=props_codec.expiration_ms(exp), headers_offset=hoff)
+        return m
+
+    def __repr__(self) -> str:
+        return (f"<Message {self.id} {self.exchange!r}/{self.routing_key!r} "
+                f"{self.body_size}B count={self.delivery_count}>")

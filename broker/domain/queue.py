@@ -1,0 +1,593 @@
+"""Queues and their consumers.
+
+A queue keeps its figures as running totals so that a policy check is O(1) per queue: the count
+and body bytes of every message it holds (ready, delivered-unacked and delayed), the arrival of
+the oldest (``held`` is an insertion-ordered map, so the oldest is its first key), and the
+number of acks since it was declared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
+
+from broker.domain.message import Message
+
+if TYPE_CHECKING:
+    from broker.domain.timers import TimerHandle
+    from broker.domain.vhost import VirtualHost
+
+SHARED = "shared"
+EXCLUSIVE = "exclusive"
+FAILOVER = "failover"
+KEY_SHARED = "key_shared"
+SUBSCRIPTION_TYPES = (SHARED, EXCLUSIVE, FAILOVER, KEY_SHARED)
+
+#: stop dispatching to a consumer that holds this many unacked messages, whatever its prefetch
+DEFAULT_MAX_UNACKED_PER_CONSUMER = 50_000
+
+
+class ConsumerChannel(Protocol):
+    """What a queue needs from the channel a consumer lives on."""
+
+    id: int
+    connection_id: str
+
+    def can_deliver(self) -> bool: ...
+
+    def deliver(self, consumer: Consumer, msg: Message, queue: Queue) -> None: ...
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None: ...
+
+
+class Consumer:
+    __slots__ = ("tag", "tag_bytes", "channel", "queue", "no_ack", "exclusive", "prefetch",
+                 "unacked", "last_ack", "first_delivery", "isolated", "arguments", "order",
+                 "capped", "max_unacked", "delivered_total")
+
+    def __init__(self, tag: str, channel: ConsumerChannel, queue: Queue, *, no_ack: bool,
+                 exclusive: bool, prefetch: int, arguments: dict[str, Any], order: int,
+                 max_unacked: int = DEFAULT_MAX_UNACKED_PER_CONSUMER) -> None:
+        self.tag = tag
+        self.tag_bytes = tag.encode()
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        #: per-consumer prefetch count (0: unlimited)
+        self.prefetch = prefetch
+        self.unacked = 0
+        #: monotonic time of the last ack/nack/reject from this consumer
+        self.last_ack: float | None = None
+        #: monotonic time of the first delivery; the ack-timeout clock starts there
+        self.first_delivery: float | None = None
+        self.isolated = False
+        self.arguments = arguments
+        self.order = order
+        #: the unacked cap was hit; dispatch resumes at half of it
+        self.capped = False
+        self.max_unacked = max_unacked
+        self.delivered_total = 0
+
+    def can_take(self) -> bool:
+        if self.isolated:
+            return False
+        n = self.unacked
+        if self.prefetch and n >= self.prefetch:
+            return False
+        if self.capped:
+            if n > self.max_unacked // 2:
+                return False
+            self.capped = False
+        elif n >= self.max_unacked:
+            self.capped = True
+            return False
+        return self.channel.can_deliver()
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.tag!r} on {self.queue.name!r} unacked={self.unacked}>"
+
+
+class _Ready:
+    """FIFO of ready messages."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self) -> None:
+        self._d: deque[Message] = deque()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def append(self, m: Message) -> None:
+        self._d.append(m)
+
+    def popleft(self) -> Message:
+        return self._d.popleft()
+
+    def peek(self) -> Message | None:
+        return self._d[0] if self._d else None
+
+    def requeue(self, msgs: list[Message]) -> None:
+        """Put messages back at the front, oldest first."""
+        d = self._d
+        for m in sorted(msgs, key=lambda m: m.id, reverse=True):
+            d.appendleft(m)
+
+    def put_front(self, msgs: list[Message]) -> None:
+        """Put messages back at the front in the order given."""
+        self._d.extendleft(reversed(msgs))
+
+    def drain(self) -> list[Message]:
+        out = list(self._d)
+        self._d.clear()
+        return out
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self._d)
+
+    def remove(self, m: Message) -> None:
+        self._d.remove(m)
+
+
+class _PriorityReady(_Ready):
+    """Ready messages by priority (``x-max-priority``): highest first, FIFO within a level."""
+
+    __slots__ = ("_levels", "_n", "_max")
+
+    def __init__(self, max_priority: int) -> None:
+        self._max = max_priority
+        self._levels: list[deque[Message]] = [deque() for _ in range(max_priority + 1)]
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _level(self, m: Message) -> deque[Message]:
+        return self._levels[min(m.priority, self._max)]
+
+    def append(self, m: Message) -> None:
+        self._level(m).append(m)
+        self._n += 1
+
+    def popleft(self) -> Message:
+        for level in reversed(self._levels):
+            if level:
+                self._n -= 1
+                return level.popleft()
+        raise IndexError("pop from an empty queue")
+
+    def peek(self) -> Message | None:
+        for level in reversed(self._levels):
+            if level:
+                return level[0]
+        return None
+
+    def requeue(self, msgs: list[Message]) -> None:
+        for m in sorted(msgs, key=lambda m: m.id, reverse=True):
+            self._level(m).appendleft(m)
+            self._n += 1
+
+    def put_front(self, msgs: list[Message]) -> None:
+        for m in reversed(msgs):
+            self._level(m).appendleft(m)
+            self._n += 1
+
+    def drain(self) -> list[Message]:
+        out = [m for level in reversed(self._levels) for m in level]
+        for level in self._levels:
+            level.clear()
+        self._n = 0
+        return out
+
+    def __iter__(self) -> Iterator[Message]:
+        return (m for level in reversed(self._levels) for m in level)
+
+    def remove(self, m: Message) -> None:
+        self._level(m).remove(m)
+        self._n -= 1
+
+
+class Queue:
+    def __init__(self, vhost: VirtualHost, name: str, *, durable: bool = False,
+                 exclusive_owner: str | None = None, auto_delete: bool = False,
+                 arguments: dict[str, Any] | None = None, subscription_type: str = SHARED,
+                 max_priority: int | None = None, message_ttl: int | None = None,
+                 expires: int | None = None, max_length: int | None = None,
+                 max_length_bytes: int | None = None, overflow: str = "drop-head",
+                 dlx: str | None = None, dlx_routing_key: str | None = None) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = arguments or {}
+        self.subscription_type = subscription_type
+        self.max_priority = max_priority
+        self.ready: _Ready = _PriorityReady(max_priority) if max_priority else _Ready()
+        #: every message the queue holds, oldest first (ready, unacked and delayed)
+        self.held: OrderedDict[int, Message] = OrderedDict()
+        self.bytes = 0
+        self.ready_bytes = 0
+        self.acks_total = 0
+        self.delayed = 0
+        self.consumers: list[Consumer] = []
+        self._rr = 0
+        self._consumer_order = 0
+        self.had_consumers = False
+        self.deleted = False
+        self.message_ttl = message_ttl
+        self.expires = expires
+        self.max_length = max_length
+        self.max_length_bytes = max_length_bytes
+        self.overflow = overflow
+        self.dlx = dlx
+        self.dlx_routing_key = dlx_routing_key
+        self._expiry_timer: TimerHandle | None = None
+        self._idle_timer: TimerHandle | None = None
+        self.last_used = vhost.clock.monotonic()
+        #: ``(connection_id, channel_id)`` of channels that polled with basic.get
+        self.getters: dict[tuple[str, int], None] = {}
+        #: resolved policy sections (filled by the broker from the configuration)
+        self.policy: Any = {}
+        self._key_owner: dict[str, Consumer] = {}
+        self.dirty = False
+        self.max_unacked_per_consumer = DEFAULT_MAX_UNACKED_PER_CONSUMER
+
+    # ----------------------------------------------------------------- figures
+
+    @property
+    def message_count(self) -> int:
+        return len(self.held)
+
+    @property
+    def ready_count(self) -> int:
+        return len(self.ready)
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self.held) - len(self.ready) - self.delayed
+
+    @property
+    def oldest_arrival(self) -> float | None:
+        held = self.held
+        if not held:
+            return None
+        return held[next(iter(held))].arrival
+
+    def bindings(self) -> list[tuple[str, str, str]]:
+        return self.vhost.bindings_of(self)
+
+    # ----------------------------------------------------------------- messages
+
+    def enqueue(self, msg: Message) -> bool:
+        """Add a routed message. False when ``x-overflow: reject-publish`` refused it."""
+        if self.max_length is not None or self.max_length_bytes is not None:
+            if not self._make_room(msg):
+                return False
+        msg.queue_name = self.name
+        now = msg.arrival
+        ttl = self.message_ttl
+        if msg.expiration is not None:
+            ttl = msg.expiration if ttl is None else min(ttl, msg.expiration)
+        if ttl is not None:
+            msg.expires_at = now + ttl / 1000.0
+        self.held[msg.id] = msg
+        self.bytes += msg.body_size
+        self.ready.append(msg)
+        self.ready_bytes += msg.body_size
+        if msg.expires_at is not None:
+            self._arm_expiry()
+        self.vhost.mark_dirty(self)
+        return True
+
+    def _make_room(self, msg: Message) -> bool:
+        max_len, max_bytes = self.max_length, self.max_length_bytes
+        if self.overflow in ("reject-publish", "reject-publish-dlx"):
+            if (max_len is not None and len(self.ready) >= max_len) or (
+                    max_bytes is not None and self.ready_bytes + msg.body_size > max_bytes):
+                if self.overflow == "reject-publish-dlx":
+                    msg.queue_name = self.name
+                    self.vhost.dead_letter(self, msg, "maxlen")
+                return False
+            return True
+        # drop-head: make room by dropping (dead-lettering) the oldest ready messages
+        while self.ready and (
+                (max_len is not None and len(self.ready) >= max_len)
+                or (max_bytes is not None and self.ready_bytes + msg.body_size > max_bytes)):
+            head = self.ready.popleft()
+            self.ready_bytes -= head.body_size
+            self._forget(head)
+            self.vhost.discard(self, head, "maxlen")
+        if max_len == 0 or (max_bytes is not None and msg.body_size > max_bytes):
+            msg.queue_name = self.name
+            self.vhost.discard(self, msg, "maxlen")
+            return False
+        return True
+
+    def _forget(self, msg: Message) -> None:
+        if self.held.pop(msg.id, None) is not None:
+            self.bytes -= msg.body_size
+            if msg.stored:
+                self.vhost.store_remove(self, msg)
+
+    def settle(self, msg: Message) -> None:
+        """A delivered message is done with (acked, or rejected without requeue)."""
+        self.acks_total += 1
+        self._forget(msg)
+
+    def requeue(self, msgs: list[Message], *, count: bool = True) -> None:
+        """Delivered messages come back to the front, redelivered (and counted)."""
+        live = []
+        for m in msgs:
+            if m.id not in self.held or self.deleted:
+                continue
+            m.redelivered = True
+            if count:
+                m.delivery_count += 1
+            live.append(m)
+            self.ready_bytes += m.body_size
+        if live:
+            self.ready.requeue(live)
+            self.vhost.mark_dirty(self)
+
+    def make_visible(self, msg: Message) -> None:
+        """A message held back (nack backoff) becomes ready again."""
+        if self.deleted or msg.id not in self.held:
+            return
+        self.delayed -= 1
+        self.ready.requeue([msg])
+        self.ready_bytes += msg.body_size
+        self.vhost.mark_dirty(self)
+
+    def hold_back(self, msg: Message, delay: float) -> None:
+        """Keep a rejected message invisible for ``delay`` seconds, then requeue it."""
+        msg.redelivered = True
+        self.delayed += 1
+        self.vhost.timers.call_later(delay, self.make_visible, msg)
+
+    def get(self) -> Message | None:
+        """Take the next ready message for basic.get (expired heads are dropped first)."""
+        self.touch()
+        self._expire_heads()
+        if not self.ready:
+            return None
+        m = self.ready.popleft()
+        self.ready_bytes -= m.body_size
+        return m
+
+    def purge(self) -> int:
+        msgs = self.ready.drain()
+        self.ready_bytes = 0
+        for m in msgs:
+            self._forget(m)
+        return len(msgs)
+
+    # ----------------------------------------------------------------- expiry
+
+    def _arm_expiry(self) -> None:
+        head = self.ready.peek()
+        if head is None or head.expires_at is None:
+            return
+        t = self._expiry_timer
+        if t is not None and not t.cancelled and t.due <= head.expires_at:
+            return
+        if t is not None:
+            self.vhost.timers.cancel(t)
+        self._expiry_timer = self.vhost.timers.call_at(head.expires_at, self._on_expiry)
+
+    def _on_expiry(self) -> None:
+        self._expiry_timer = None
+        if self.deleted:
+            return
+        self._expire_heads()
+        self._arm_expiry()
+
+    def _expire_heads(self) -> None:
+        ready = self.ready
+        head = ready.peek()
+        if head is None or head.expires_at is None:
+            return
+        now = self.vhost.clock.monotonic()
+        while head is not None and head.expires_at is not None and head.expires_at <= now:
+            ready.popleft()
+            self.ready_bytes -= head.body_size
+            self._forget(head)
+            self.vhost.expire(self, head)
+            head = ready.peek()
+
+    def touch(self) -> None:
+        """The queue was used (consume, get, declare): restart its x-expires clock."""
+        self.last_used = self.vhost.clock.monotonic()
+
+    def arm_idle_expiry(self) -> None:
+        if self.expires is None or self.deleted:
+            return
+        if self._idle_timer is not None:
+            self.vhost.timers.cancel(self._idle_timer)
+        self._idle_timer = self.vhost.timers.call_at(
+            self.last_used + self.expires / 1000.0, self._on_idle)
+
+    def _on_idle(self) -> None:
+        self._idle_timer = None
+        if self.deleted or self.expires is None:
+            return
+        if self.consumers:
+            return  # re-armed when the last consumer leaves
+        due = self.last_used + self.expires / 1000.0
+        if due <= self.vhost.clock.monotonic():
+            self.vhost.delete_queue(self, reason="expired (x-expires)")
+        else:
+            self.arm_idle_expiry()
+
+    # ----------------------------------------------------------------- consumers
+
+    def add_consumer(self, tag: str, channel: ConsumerChannel, *, no_ack: bool, exclusive: bool,
+                     prefetch: int, arguments: dict[str, Any]) -> Consumer:
+        self._consumer_order += 1
+        c = Consumer(tag, channel, self, no_ack=no_ack, exclusive=exclusive, prefetch=prefetch,
+                     arguments=arguments, order=self._consumer_order,
+                     max_unacked=self.max_unacked_per_consumer)
+        self.consumers.append(c)
+        self.had_consumers = True
+        self._key_owner.clear()
+        self.touch()
+        self.vhost.mark_dirty(self)
+        return c
+
+    def remove_consumer(self, c: Consumer) -> None:
+        try:
+            self.consumers.remove(c)
+        except ValueError:
+            return
+        self._key_owner.clear()
+        self.touch()
+        if not self.consumers:
+            if self.auto_delete and self.had_consumers:
+                self.vhost.delete_queue(self, reason="auto-delete: last consumer left")
+                return
+            self.arm_idle_expiry()
+        self.vhost.mark_dirty(self)
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.consumers)
+
+    # ----------------------------------------------------------------- dispatch
+
+    def dispatch(self) -> None:
+        """Deliver ready messages to consumers that can take them."""
+        self.dirty = False
+        ready = self.ready
+        consumers = self.consumers
+        if not ready or not consumers or self.deleted:
+            return
+        if ready.peek().expires_at is not None:  # type: ignore[union-attr]
+            self._expire_heads()
+        stype = self.subscription_type
+        select = self.vhost.hooks.select_consumer
+        if stype == FAILOVER:
+            self._dispatch_single(consumers[0])
+        elif stype == KEY_SHARED:
+            self._dispatch_key_shared()
+        elif select is not None:
+            self._dispatch_hooked(select)
+        else:
+            self._dispatch_round_robin()
+        if ready and ready.peek().expires_at is not None:  # type: ignore[union-attr]
+            self._arm_expiry()
+
+    def _take(self) -> Message:
+        m = self.ready.popleft()
+        self.ready_bytes -= m.body_size
+        return m
+
+    def _dispatch_round_robin(self) -> None:
+        ready = self.ready
+        consumers = self.consumers
+        n = len(consumers)
+        rr = self._rr
+        idle = 0
+        while ready and idle < n:
+            c = consumers[rr % n]
+            rr += 1
+            if c.can_take():
+                m = self._take()
+                if m.expires_at is not None and m.expires_at <= self.vhost.clock.monotonic():
+                    self._forget(m)
+                    self.vhost.expire(self, m)
+                    continue
+                c.channel.deliver(c, m, self)
+                idle = 0
+            else:
+                idle += 1
+        self._rr = rr % n if n else 0
+
+    def _dispatch_single(self, c: Consumer) -> None:
+        ready = self.ready
+        while ready and c.can_take():
+            c.channel.deliver(c, self._take(), self)
+
+    def _dispatch_hooked(self, select: Any) -> None:
+        ready = self.ready
+        vh = self.vhost.name
+        for _ in range(len(ready)):
+            candidates = [c for c in self.consumers if c.can_take()]
+            if not candidates:
+                return
+            m = ready.peek()
+            chosen = select(vhost=vh, queue=self.name, message=m, consumers=candidates)
+            if chosen is None:
+                self._dispatch_round_robin()
+                return
+            if chosen not in candidates:
+                return
+            chosen.channel.deliver(chosen, self._take(), self)
+
+    def key_of(self, m: Message) -> str:
+        if m._hoff >= 0:
+            k = m.headers.get("x-key")
+            if k is not None:
+                return k if isinstance(k, str) else str(k)
+        return m.routing_key
+
+    def owner_of(self, key: str) -> Consumer:
+        """Rendezvous hashing: each key goes to the consumer with the highest weight for it,
+        so keys spread evenly and a leaving consumer's keys move without touching the rest."""
+        c = self._key_owner.get(key)
+        if c is None:
+            best = -1
+            for cand in self.consumers:
+                w = int.from_bytes(hashlib.blake2b(
+                    f"{key}\x00{cand.channel.connection_id}\x00{cand.tag}".encode(),
+                    digest_size=8).digest(), "big")
+                if w > best:
+                    best, c = w, cand
+            assert c is not None
+            if len(self._key_owner) > 65536:
+                self._key_owner.clear()
+            self._key_owner[key] = c
+        return c
+
+    def _dispatch_key_shared(self) -> None:
+        # A message whose owner is busy waits, and so do later messages of its key (their
+        # order holds); messages of other keys behind it may go on. The scan stops once every
+        # consumer is busy, or after KEY_SCAN_LIMIT skipped messages, so it stays bounded.
+        ready = self.ready
+        waiting: list[Message] = []
+        blocked: set[str] = set()
+        while ready and len(waiting) < self.KEY_SCAN_LIMIT:
+            m = ready.popleft()
+            key = self.key_of(m)
+            owner = self.owner_of(key)
+            if key in blocked or not owner.can_take():
+                blocked.add(key)
+                waiting.append(m)
+                if not any(c.can_take() for c in self.consumers):
+                    break
+                continue
+            self.ready_bytes -= m.body_size
+            owner.channel.deliver(owner, m, self)
+        if waiting:
+            ready.put_front(waiting)
+
+    KEY_SCAN_LIMIT = 1024
+
+    # ----------------------------------------------------------------- teardown
+
+    def drain_all(self) -> list[Message]:
+        """Remove every message (the queue is being deleted); returns what was held."""
+        msgs = list(self.held.values())
+        self.ready.drain()
+        self.held.clear()
+        self.bytes = self.ready_bytes = 0
+        for t in (self._expiry_timer, self._idle_timer):
+            if t is not None:
+                self.vhost.timers.cancel(t)
+        return msgs
+
+    def iter_consumers(self) -> Iterable[Consumer]:
+        return tuple(self.consumers)
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.vhost.name}/{self.name} held={len(self.held)}>"

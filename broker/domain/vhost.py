@@ -1,0 +1,593 @@
+"""A virtual host: its exchanges and queues, routing, dead-lettering and delayed delivery."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from broker.domain.exchange import (
+    DELAYED_TYPE,
+    EXCHANGE_TYPES,
+    Binding,
+    DelayedExchange,
+    DirectExchange,
+    Exchange,
+)
+from broker.domain.message import Message
+from broker.domain.queue import (
+    EXCLUSIVE,
+    FAILOVER,
+    SHARED,
+    SUBSCRIPTION_TYPES,
+    Queue,
+)
+from broker.errors import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+    ChannelError,
+    ConnectionError_,
+)
+from broker.store import MemoryStore, Store
+
+if TYPE_CHECKING:
+    from broker.domain.timers import Timers
+
+log = logging.getLogger("broker.vhost")
+
+
+class NoHooks:
+    """Stands in for the plugin host when no plugin is loaded: every hook is absent."""
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+
+STANDARD_EXCHANGES = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+_ids = itertools.count(1)
+
+
+def next_message_id() -> int:
+    return next(_ids)
+
+
+def _int_arg(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ChannelError(PRECONDITION_FAILED,
+                           f"invalid arg '{name}' for queue: {value!r} is not an integer",
+                           (50, 10))
+    if value < minimum or (maximum is not None and value > maximum):
+        hi = f" and {maximum}" if maximum is not None else ""
+        raise ChannelError(PRECONDITION_FAILED,
+                           f"invalid arg '{name}' for queue: {value} is not between {minimum}{hi}"
+                           if maximum is not None else
+                           f"invalid arg '{name}' for queue: {value} is below {minimum}",
+                           (50, 10))
+    return value
+
+
+def queue_options(args: dict[str, Any]) -> dict[str, Any]:
+    """Validate the ``x-`` queue arguments and turn them into :class:`Queue` keyword options.
+
+    Unknown arguments are kept (and compared on redeclare) but ignored, as in RabbitMQ.
+    """
+    opts: dict[str, Any] = {}
+    if "x-message-ttl" in args:
+        opts["message_ttl"] = _int_arg("x-message-ttl", args["x-message-ttl"])
+    if "x-expires" in args:
+        opts["expires"] = _int_arg("x-expires", args["x-expires"], minimum=1)
+    if "x-max-length" in args:
+        opts["max_length"] = _int_arg("x-max-length", args["x-max-length"])
+    if "x-max-length-bytes" in args:
+        opts["max_length_bytes"] = _int_arg("x-max-length-bytes", args["x-max-length-bytes"])
+    if "x-overflow" in args:
+        ov = args["x-overflow"]
+        if ov not in ("drop-head", "reject-publish", "reject-publish-dlx"):
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"invalid arg 'x-overflow' for queue: {ov!r} is not drop-head, "
+                               "reject-publish or reject-publish-dlx", (50, 10))
+        opts["overflow"] = ov
+    if "x-max-priority" in args:
+        opts["max_priority"] = _int_arg("x-max-priority", args["x-max-priority"], maximum=255)
+    if "x-dead-letter-exchange" in args:
+        dlx = args["x-dead-letter-exchange"]
+        if not isinstance(dlx, str):
+            raise ChannelError(PRECONDITION_FAILED,
+                               "invalid arg 'x-dead-letter-exchange' for queue: not a string",
+                               (50, 10))
+        opts["dlx"] = dlx
+    if "x-dead-letter-routing-key" in args:
+        rk = args["x-dead-letter-routing-key"]
+        if not isinstance(rk, str):
+            raise ChannelError(PRECONDITION_FAILED,
+                               "invalid arg 'x-dead-letter-routing-key' for queue: not a string",
+                               (50, 10))
+        if "x-dead-letter-exchange" not in args:
+            raise ChannelError(PRECONDITION_FAILED,
+                               "invalid arg 'x-dead-letter-routing-key' for queue: it needs "
+                               "x-dead-letter-exchange", (50, 10))
+        opts["dlx_routing_key"] = rk
+    stype = args.get("x-subscription-type")
+    if stype is not None:
+        if stype not in SUBSCRIPTION_TYPES:
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"invalid arg 'x-subscription-type' for queue: {stype!r} is not "
+                               f"one of {', '.join(SUBSCRIPTION_TYPES)}", (50, 10))
+        opts["subscription_type"] = stype
+    sac = args.get("x-single-active-consumer")
+    if sac is not None:
+        if not isinstance(sac, bool):
+            raise ChannelError(PRECONDITION_FAILED,
+                               "invalid arg 'x-single-active-consumer' for queue: not a boolean",
+                               (50, 10))
+        if sac:
+            if stype not in (None, FAILOVER):
+                raise ChannelError(PRECONDITION_FAILED,
+                                   "x-single-active-consumer conflicts with x-subscription-type "
+                                   f"{stype!r}", (50, 10))
+            opts["subscription_type"] = FAILOVER
+    qtype = args.get("x-queue-type")
+    if qtype is not None and qtype not in ("classic", "quorum"):
+        raise ChannelError(PRECONDITION_FAILED,
+                           f"invalid arg 'x-queue-type' for queue: {qtype!r} is not classic or "
+                           "quorum", (50, 10))
+    return opts
+
+
+class VirtualHost:
+    def __init__(self, name: str, *, clock: Any, timers: Timers, hooks: Any = None,
+                 store: Store | None = None,
+                 mark_dirty: Callable[[Queue], None] | None = None) -> None:
+        self.name = name
+        self.clock = clock
+        self.timers = timers
+        self.hooks = hooks if hooks is not None else NoHooks()
+        self.store: Store = store if store is not None else MemoryStore()
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self._mark_dirty = mark_dirty
+        self.dirty: list[Queue] = []
+        #: called with a queue whose bindings or declaration changed (policy re-resolution)
+        self.on_topology_change: Callable[[Queue], None] | None = None
+        self.default_exchange = DirectExchange("", durable=True)
+        self.exchanges[""] = self.default_exchange
+        for ename, etype in STANDARD_EXCHANGES:
+            self.exchanges[ename] = EXCHANGE_TYPES[etype](ename, durable=True)
+        self.delayed_pending = 0
+
+    # ----------------------------------------------------------------- dispatch batching
+
+    def mark_dirty(self, q: Queue) -> None:
+        """Ask for ``q.dispatch()`` at the end of this loop turn (once, however often asked)."""
+        if not q.dirty:
+            q.dirty = True
+            if self._mark_dirty is not None:
+                self._mark_dirty(q)
+            else:
+                self.dirty.append(q)
+
+    def run_dirty(self) -> None:
+        """Dispatch every dirty queue (used when no broker batches turns, e.g. in tests)."""
+        while self.dirty:
+            q = self.dirty.pop(0)
+            q.dispatch()
+
+    # ----------------------------------------------------------------- exchanges
+
+    def declare_exchange(self, name: str, type_: str, *, passive: bool = False,
+                         durable: bool = False, auto_delete: bool = False,
+                         internal: bool = False, arguments: dict[str, Any] | None = None,
+                         ) -> Exchange:
+        arguments = arguments or {}
+        sig = (40, 10)
+        ex = self.exchanges.get(name)
+        if passive:
+            if ex is None or name == "":
+                raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'", sig)
+            return ex
+        if name == "" or name.startswith("amq."):
+            if ex is not None and ex.type == type_:
+                return ex
+            raise ChannelError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix "
+                               "amq.*" if name else "the default exchange cannot be declared",
+                               sig)
+        if ex is not None:
+            diff = ex.equivalent(type_, durable, auto_delete, internal, arguments)
+            if diff is not None:
+                raise ChannelError(PRECONDITION_FAILED,
+                                   f"inequivalent arg '{diff}' for exchange '{name}' in vhost "
+                                   f"'{self.name}'", sig)
+            return ex
+        if type_ == DELAYED_TYPE:
+            inner = arguments.get("x-delayed-type")
+            if inner not in EXCHANGE_TYPES:
+                raise ChannelError(PRECONDITION_FAILED,
+                                   "x-delayed-message exchange needs argument x-delayed-type: "
+                                   "direct, fanout, topic or headers", sig)
+            cls: type[Exchange] = DelayedExchange
+        else:
+            try:
+                cls = EXCHANGE_TYPES[type_]
+            except KeyError:
+                raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'",
+                                       sig) from None
+        ex = cls(name, durable=durable, auto_delete=auto_delete, internal=internal,
+                 arguments=arguments)
+        self.exchanges[name] = ex
+        if durable and self.store.durable:
+            self.store.save_exchange(self.name, ex)
+        return ex
+
+    def get_exchange(self, name: str, sig: tuple[int, int]) -> Exchange:
+        ex = self.exchanges.get(name)
+        if ex is None:
+            raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'", sig)
+        return ex
+
+    def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
+        sig = (40, 20)
+        if name == "" or name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED, f"exchange '{name}' cannot be deleted", sig)
+        ex = self.get_exchange(name, sig)
+        if if_unused and ex.bindings:
+            raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in use", sig)
+        del self.exchanges[name]
+        for b in list(ex.bindings.values()):
+            ex.unbind(b.destination, b.routing_key, b.arguments)
+            self._binding_gone(b)
+        # bindings where it is the destination
+        for other in list(self.exchanges.values()):
+            for b in other.unbind_destination(ex):
+                self._binding_gone(b)
+        if ex.durable and self.store.durable:
+            self.store.delete_exchange(self.name, name)
+
+    # ----------------------------------------------------------------- queues
+
+    def declare_queue(self, name: str, *, passive: bool = False, durable: bool = False,
+                      exclusive: bool = False, auto_delete: bool = False,
+                      arguments: dict[str, Any] | None = None, owner: str = "",
+                      subscription_type: str | None = None) -> tuple[Queue, bool]:
+        """Declare (or find) a queue; returns ``(queue, created)``."""
+        sig = (50, 10)
+        arguments = arguments or {}
+        q = self.queues.get(name) if name else None
+        if passive:
+            if q is None:
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'", sig)
+            self._check_owner(q, owner, sig)
+            return q, False
+        if q is not None:
+            self._check_owner(q, owner, sig)
+            for field_, mine, theirs in (("durable", q.durable, durable),
+                                         ("exclusive", q.exclusive_owner is not None, exclusive),
+                                         ("auto_delete", q.auto_delete, auto_delete)):
+                if mine != theirs:
+                    raise ChannelError(PRECONDITION_FAILED,
+                                       f"inequivalent arg '{field_}' for queue '{name}' in vhost "
+                                       f"'{self.name}': received '{theirs}' but current is "
+                                       f"'{mine}'", sig)
+            for k, v in arguments.items():
+                # a redeclare may leave arguments out, but may not change one
+                if k.startswith("x-") and q.arguments.get(k) != v:
+                    raise ChannelError(PRECONDITION_FAILED,
+                                       f"inequivalent arg '{k}' for queue '{name}' in vhost "
+                                       f"'{self.name}': received {v!r} but current is "
+                                       f"{q.arguments.get(k)!r}", sig)
+            q.touch()
+            q.arm_idle_expiry()
+            return q, False
+        if name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix "
+                               "amq.*", sig)
+        if not name:
+            name = "amq.gen-" + secrets.token_urlsafe(16)
+        opts = queue_options(arguments)
+        if subscription_type is not None and "subscription_type" not in opts:
+            opts["subscription_type"] = subscription_type
+        q = Queue(self, name, durable=durable, exclusive_owner=owner if exclusive else None,
+                  auto_delete=auto_delete, arguments=arguments, **opts)
+        self.queues[name] = q
+        if durable and self.store.durable:
+            self.store.save_queue(q)
+        # every queue is bound to the default exchange by its name (implicitly)
+        if self.on_topology_change is not None:
+            self.on_topology_change(q)
+        q.arm_idle_expiry()
+        h = self.hooks.queue_declared
+        if h is not None:
+            h(vhost=self.name, queue=name, durable=durable, arguments=dict(arguments))
+        return q, True
+
+    def _check_owner(self, q: Queue, owner: str, sig: tuple[int, int]) -> None:
+        if q.exclusive_owner is not None and q.exclusive_owner != owner:
+            raise ChannelError(RESOURCE_LOCKED,
+                               f"cannot obtain exclusive access to locked queue '{q.name}' in "
+                               f"vhost '{self.name}'. It could be originally declared on another "
+                               "connection or the exclusive property value does not match that "
+                               "of the original declaration.", sig)
+
+    def get_queue(self, name: str, sig: tuple[int, int], owner: str = "") -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'", sig)
+        self._check_owner(q, owner, sig)
+        return q
+
+    def delete_queue(self, q: Queue, *, reason: str = "deleted by client",
+                     if_unused: bool = False, if_empty: bool = False) -> int:
+        sig = (50, 40)
+        if if_unused and q.consumers:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' in "
+                               "use", sig)
+        if if_empty and q.message_count:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' is "
+                               "not empty", sig)
+        if q.deleted:
+            return 0
+        q.deleted = True
+        count = q.ready_count
+        self.queues.pop(q.name, None)
+        for ex in list(self.exchanges.values()):
+            for b in ex.unbind_destination(q):
+                self._binding_gone(b, notify_queue=False)
+        for c in q.iter_consumers():
+            q.consumers.remove(c)
+            c.channel.consumer_cancelled_by_broker(c)
+        msgs = q.drain_all()
+        if q.durable and self.store.durable:
+            self.store.delete_queue(self.name, q.name)
+        log.info("queue '%s' in vhost '%s' deleted (%s), %d messages released",
+                 q.name, self.name, reason, len(msgs))
+        h = self.hooks.queue_deleted
+        if h is not None:
+            h(vhost=self.name, queue=q.name, reason=reason)
+        return count
+
+    # ----------------------------------------------------------------- bindings
+
+    def bind(self, source: Exchange, dest: Queue | Exchange, routing_key: str,
+             arguments: dict[str, Any]) -> None:
+        if source is self.default_exchange:
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange",
+                               (50, 20))
+        b = Binding(source, dest, routing_key, arguments)
+        if not source.bind(b):
+            return
+        if self.store.durable and source.durable and dest.durable:
+            kind = "queue" if isinstance(dest, Queue) else "exchange"
+            self.store.save_binding(self.name, source.name, kind, dest.name, routing_key,
+                                    arguments)
+        if isinstance(dest, Queue):
+            if self.on_topology_change is not None:
+                self.on_topology_change(dest)
+            h = self.hooks.queue_bound
+            if h is not None:
+                h(vhost=self.name, queue=dest.name, exchange=source.name, routing_key=routing_key)
+
+    def unbind(self, source: Exchange, dest: Queue | Exchange, routing_key: str,
+               arguments: dict[str, Any]) -> None:
+        if source is self.default_exchange:
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange",
+                               (50, 50))
+        b = source.unbind(dest, routing_key, arguments)
+        if b is not None:
+            self._binding_gone(b)
+
+    def _binding_gone(self, b: Binding, notify_queue: bool = True) -> None:
+        dest = b.destination
+        if self.store.durable and b.source.durable and dest.durable:
+            kind = "queue" if isinstance(dest, Queue) else "exchange"
+            self.store.delete_binding(self.name, b.source.name, kind, dest.name, b.routing_key,
+                                      b.arguments)
+        if isinstance(dest, Queue) and notify_queue:
+            if self.on_topology_change is not None:
+                self.on_topology_change(dest)
+            h = self.hooks.queue_unbound
+            if h is not None:
+                h(vhost=self.name, queue=dest.name, exchange=b.source.name,
+                  routing_key=b.routing_key)
+        src = b.source
+        if src.auto_delete and not src.bindings and src.name in self.exchanges:
+            self.delete_exchange(src.name)
+
+    def bindings_of(self, q: Queue) -> list[tuple[str, str, str]]:
+        out = []
+        for ex in self.exchanges.values():
+            for b in ex.bindings.values():
+                if b.destination is q:
+                    out.append((ex.name, ex.type, b.routing_key))
+        return out
+
+    # ----------------------------------------------------------------- routing
+
+    def route(self, ex: Exchange, msg: Message) -> list[Queue]:
+        """The queues a message goes to, following exchange-to-exchange bindings."""
+        if ex is self.default_exchange:
+            q = self.queues.get(msg.routing_key)
+            return [q] if q is not None else []
+        dests = ex.route(msg)
+        if not dests:
+            return self._alternate(ex, msg)
+        out: list[Queue] = []
+        nested = False
+        for d in dests:
+            if isinstance(d, Queue):
+                out.append(d)
+            else:
+                nested = True
+        if nested:
+            seen = {id(ex)}
+            stack = [d for d in dests if isinstance(d, Exchange)]
+            while stack:
+                e = stack.pop()
+                if id(e) in seen:
+                    continue
+                seen.add(id(e))
+                for d in e.route(msg):
+                    if isinstance(d, Queue):
+                        if d not in out:
+                            out.append(d)
+                    else:
+                        stack.append(d)
+        if not out:
+            return self._alternate(ex, msg)
+        return out
+
+    def _alternate(self, ex: Exchange, msg: Message) -> list[Queue]:
+        if ex.alternate is None:
+            return []
+        alt = self.exchanges.get(ex.alternate)
+        if alt is None or alt is ex:
+            return []
+        return self.route(alt, msg)
+
+    def deliver_to_queues(self, queues: list[Queue], msg: Message) -> tuple[list[Queue], bool]:
+        """Enqueue into every queue (a copy each after the first).
+
+        Returns the queues that took it and whether any refused it (reject-publish overflow).
+        """
+        taken: list[Queue] = []
+        refused = False
+        first = True
+        store = self.store
+        for q in queues:
+            m = msg if first else msg.copy()
+            first = False
+            if q.enqueue(m):
+                taken.append(q)
+                if m.persistent and q.durable and store.durable:
+                    m.stored = True
+                    store.add_message(q, m)
+            else:
+                refused = True
+        return taken, refused
+
+    def hold_delayed(self, ex: DelayedExchange, msg: Message, delay: float) -> None:
+        """Keep a message for an x-delayed-message exchange until its x-delay passes."""
+        self.delayed_pending += 1
+        self.timers.call_later(delay, self._release_delayed, ex, msg)
+
+    def _release_delayed(self, ex: DelayedExchange, msg: Message) -> None:
+        self.delayed_pending -= 1
+        if self.exchanges.get(ex.name) is not ex:
+            return
+        msg.arrival = self.clock.monotonic()
+        self.deliver_to_queues(self.route(ex, msg), msg)
+
+    # ----------------------------------------------------------------- removal paths
+
+    def expire(self, q: Queue, msg: Message) -> None:
+        """A message's TTL passed at the head of ``q`` (already removed from the queue)."""
+        h = self.hooks.message_expired
+        if h is not None:
+            h(vhost=self.name, queue=q.name, message=msg)
+        self.dead_letter(q, msg, "expired")
+
+    def discard(self, q: Queue, msg: Message, reason: str) -> None:
+        """An overflow drop: dead-letter it if the queue can, else drop it (and say so)."""
+        if not self.dead_letter(q, msg, reason):
+            h = self.hooks.message_dropped
+            if h is not None:
+                h(vhost=self.name, queue=q.name, message=msg, reason=reason)
+
+    def dead_letter(self, q: Queue, msg: Message, reason: str) -> bool:
+        """Republish ``msg`` to the queue's dead-letter exchange with an ``x-death`` record.
+
+        Returns False when the queue has no dead-letter exchange (the message is dropped).
+        Queues the message already died in, with no rejection along the way, are skipped:
+        that is a dead-letter cycle, which would otherwise go round for ever.
+        """
+        target = q.dlx
+        if target is None:
+            return False
+        ex = self.exchanges.get(target)
+        if ex is None:
+            log.warning("dead-letter exchange '%s' of queue '%s' in vhost '%s' does not exist; "
+                        "message dropped", target, q.name, self.name)
+            return True
+        dead = self.make_dead_letter(q, msg, reason,
+                                     routing_key=q.dlx_routing_key or msg.routing_key)
+        queues = self.route(ex, dead)
+        deaths = dead.headers.get("x-death") or []
+        rejected_in_chain = any(d.get("reason") == "rejected" for d in deaths)
+        if not rejected_in_chain:
+            died_in = {d.get("queue") for d in deaths}
+            cyc = [t for t in queues if t.name in died_in]
+            if cyc:
+                log.warning("dead-letter cycle through %s in vhost '%s' broken: message %d "
+                            "dropped there", ", ".join(repr(t.name) for t in cyc), self.name,
+                            msg.id)
+                queues = [t for t in queues if t not in cyc]
+        h = self.hooks.message_dead_lettered
+        if h is not None:
+            h(vhost=self.name, queue=q.name, message=msg, reason=reason, exchange=target,
+              routing_key=dead.routing_key)
+        if queues:
+            self.deliver_to_queues(queues, dead)
+        return True
+
+    def make_dead_letter(self, q: Queue, msg: Message, reason: str, *, routing_key: str,
+                         exchange: str | None = None,
+                         extra_headers: dict[str, Any] | None = None) -> Message:
+        """A copy of ``msg`` carrying RabbitMQ's ``x-death`` record for this death."""
+        props = msg.decoded
+        headers = dict(props.get("application_headers") or {})
+        deaths = [dict(d) for d in (headers.get("x-death") or []) if isinstance(d, dict)]
+        now = _dt.datetime.fromtimestamp(int(self.clock.time()), tz=_dt.timezone.utc)
+        entry = None
+        for d in deaths:
+            if d.get("queue") == q.name and d.get("reason") == reason:
+                entry = d
+                break
+        if entry is not None:
+            deaths.remove(entry)
+            entry["count"] = int(entry.get("count", 1)) + 1
+            entry["time"] = now
+        else:
+            entry = {"count": 1, "reason": reason, "queue": q.name, "time": now,
+                     "exchange": msg.exchange, "routing-keys": [msg.routing_key]}
+            if props.get("expiration") is not None:
+                entry["original-expiration"] = props["expiration"]
+        deaths.insert(0, entry)
+        headers["x-death"] = deaths
+        headers.setdefault("x-first-death-reason", reason)
+        headers.setdefault("x-first-death-queue", q.name)
+        headers.setdefault("x-first-death-exchange", msg.exchange)
+        headers["x-last-death-reason"] = reason
+        headers["x-last-death-queue"] = q.name
+        headers["x-last-death-exchange"] = msg.exchange
+        if extra_headers:
+            headers.update(extra_headers)
+        props["application_headers"] = headers
+        props.pop("expiration", None)  # a dead-lettered message does not expire again
+        dead = msg.with_properties(props, next_message_id())
+        dead.exchange = exchange if exchange is not None else (q.dlx or "")
+        dead.routing_key = routing_key
+        dead.arrival = self.clock.monotonic()
+        dead.timestamp = self.clock.time()
+        return dead
+
+    def store_remove(self, q: Queue, msg: Message) -> None:
+        msg.stored = False
+        self.store.remove_message(q, msg)
+
+    # ----------------------------------------------------------------- for the broker
+
+    def queue_list(self) -> Iterable[Queue]:
+        return tuple(self.queues.values())
+
+
+__all__ = ["EXCLUSIVE", "FAILOVER", "NoHooks", "SHARED", "VirtualHost", "queue_options"]

@@ -1,0 +1,155 @@
+"""Putting the parts together: config -> plugins -> broker -> server -> housekeeping.
+
+:func:`start_broker` is what ``plugbroker run`` calls and what the end-to-end tests call (in a
+thread of their own, on a free loopback port). Plugins are loaded before the full parse of the
+configuration, because a plugin may add its own XML elements: the ``<plugins>`` list is read
+first with a plain XML parse, then the whole file is validated with every plugin's elements
+known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lxml import etree
+
+from broker.app import Broker
+from broker.clock import Clock
+from broker.config import BrokerConfig, ConfigElementRegistry, ConfigError, load_config, \
+    load_default
+from broker.server import Server
+
+log = logging.getLogger("broker")
+
+
+def plugin_list(path: Path | None) -> tuple[list[str], list[str]]:
+    """``(modules, blocked)`` from a config's ``<plugins>`` element, before full validation."""
+    if path is None:
+        return [], []
+    try:
+        root = etree.parse(str(path)).getroot()
+    except (OSError, etree.XMLSyntaxError):
+        return [], []  # the full load reports it with file and line
+    modules: list[str] = []
+    blocked: list[str] = []
+    for el in root.iterfind("plugins/plugin"):
+        name = (el.text or "").strip()
+        if not name:
+            continue
+        if (el.get("enabled") or "true").strip().lower() in ("false", "0", "no"):
+            blocked.append(name)
+        else:
+            modules.append(name)
+    return modules, blocked
+
+
+@dataclass
+class Running:
+    """A started broker: what the CLI waits on and what tests stop."""
+
+    broker: Broker
+    server: Server
+    config: BrokerConfig
+    plugins: Any
+    housekeeping: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def stop(self) -> None:
+        if self.housekeeping is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.housekeeping.stop)
+        await self.server.stop()
+        h = getattr(self.plugins, "shutdown", None)
+        if h is not None:
+            h(broker=self.broker)
+        self.broker.store.close()
+
+    def reload(self, path: Path | None = None) -> bool:
+        """Re-read the configuration; a file that fails validation leaves the running one."""
+        src = path or self.config.source
+        if src is None:
+            return False
+        try:
+            cfg = load_config(src, registry=self.extras.get("config_registry"))
+            if self.plugins is not None and hasattr(self.plugins, "verify_policies"):
+                self.plugins.verify_policies(cfg)
+        except Exception as exc:
+            log.error("reload refused, the running configuration stays: %s", exc)
+            return False
+        self.config = cfg
+        self.broker.reload(cfg)
+        log.info("configuration reloaded from %s", src)
+        return True
+
+
+def load_plugins(config_path: Path | None) -> tuple[Any, ConfigElementRegistry]:
+    from broker.pluginhost import PluginHost
+
+    modules, blocked = plugin_list(config_path)
+    host = PluginHost(blocked=blocked)
+    host.load(modules)
+    registry = ConfigElementRegistry()
+    if host.add_config_elements is not None:
+        host.add_config_elements(registry=registry)
+    for name in host.registry.policy_names():
+        if hasattr(registry, "register_policy"):
+            registry.register_policy(name)
+    return host, registry
+
+
+async def start_broker(config_path: str | Path | None = None, *, host: str | None = None,
+                       port: int | None = None, clock: Clock | None = None,
+                       config: BrokerConfig | None = None, housekeeping: bool = True,
+                       ) -> Running:
+    """Load config and plugins, open the store, listen, start housekeeping."""
+    path = Path(config_path) if config_path is not None else None
+    plugins, registry = load_plugins(path)
+    if config is None:
+        config = load_config(path, registry=registry) if path is not None else load_default(
+            registry=registry)
+    if plugins.configure is not None:
+        plugins.configure(config=config)
+    plugins.verify_policies(config)
+    store = open_store(config)
+    b = Broker(config, clock=clock, hooks=plugins, store=store)
+    if hasattr(store, "recover"):
+        store.recover(b)
+    server = Server(b, host or config.listen_host, port if port is not None else
+                    config.listen_port)
+    await server.start()
+    running = Running(b, server, config, plugins, extras={"config_registry": registry})
+    if plugins.startup is not None:
+        plugins.startup(broker=b)
+    if housekeeping and plugins.registry.jobs():
+        from broker.housekeeping import Housekeeping
+
+        hk = Housekeeping(plugins.registry.jobs(), b, threads=config.housekeeping_threads,
+                          default_period=config.housekeeping_period,
+                          registry=plugins.registry)
+        hk.start()
+        running.housekeeping = hk
+    return running
+
+
+def open_store(config: BrokerConfig) -> Any:
+    """The durable store named by ``<store path>`` (nothing durable without one)."""
+    from broker.store import MemoryStore
+
+    if config.store_path is None:
+        return MemoryStore()
+    try:
+        from broker.store.sqlite import SQLiteStore
+    except ImportError:
+        log.warning("no durable store available; persistent messages are kept in memory only")
+        return MemoryStore()
+    return SQLiteStore(config.store_path)
+
+
+__all__ = ["ConfigError", "Running", "load_plugins", "plugin_list", "start_broker"]

@@ -1,0 +1,1063 @@
+"""AMQP connections and channels: the protocol state machine between the codec and the domain.
+
+Like the codec and the domain, this layer does no I/O of its own: it writes through a
+:class:`Transport` (the asyncio adapter in :mod:`broker.server`, or a fake in tests) and gets
+time from the broker's clock and timer heap. Output is gathered per connection and written once
+per loop turn (:meth:`Connection.flush`), so a burst of deliveries and confirms costs one
+``transport.write``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+import broker
+from broker.codec import NEED_DATA, Heartbeat, Method, ProtocolHeader, Publish, ServerCodec
+from broker.codec.frames import PROTOCOL_HEADER
+from broker.codec.properties import PropertiesError
+from broker.domain.exchange import DelayedExchange
+from broker.domain.message import Message
+from broker.domain.queue import EXCLUSIVE, Consumer, Queue
+from broker.domain.vhost import next_message_id
+from broker.errors import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    CONNECTION_FORCED,
+    INTERNAL_ERROR,
+    NO_ROUTE,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    REPLY_SUCCESS,
+    SYNTAX_ERROR,
+    UNEXPECTED_FRAME,
+    AMQPError,
+    ChannelError,
+    ConnectionError_,
+)
+
+if TYPE_CHECKING:
+    from broker.app import Broker
+    from broker.domain.timers import TimerHandle
+    from broker.domain.vhost import VirtualHost
+
+log = logging.getLogger("broker.session")
+
+#: how many events one connection may process before it yields the loop to others
+MAX_EVENTS_PER_TURN = 2000
+
+
+class Transport(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+SERVER_CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": False,
+}
+
+# connection states
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+
+
+class Channel:
+    """One AMQP channel: consumers, unacked deliveries, prefetch, confirms and transactions."""
+
+    __slots__ = ("id", "conn", "vhost", "connection_id", "consumers", "unacked", "next_tag",
+                 "prefetch_consumer", "prefetch_global", "flow", "confirm", "publish_seq",
+                 "tx", "tx_ops", "closing", "moved", "_hooks")
+
+    def __init__(self, conn: Connection, channel_id: int) -> None:
+        self.id = channel_id
+        self.conn = conn
+        self.vhost: VirtualHost = conn.vhost  # type: ignore[assignment]
+        self.connection_id = conn.id
+        self.consumers: dict[str, Consumer] = {}
+        #: delivery tag -> (message, queue, consumer or None for basic.get)
+        self.unacked: dict[int, tuple[Message, Queue, Consumer | None]] = {}
+        self.next_tag = 1
+        self.prefetch_consumer = 0
+        self.prefetch_global = 0
+        self.flow = True
+        self.confirm = False
+        self.publish_seq = 0
+        self.tx = False
+        self.tx_ops: list[tuple[str, Any]] = []
+        self.closing = False
+        #: delivery tags whose messages were taken back from an isolated consumer
+        self.moved: dict[int, tuple[Message, Queue]] = {}
+        self._hooks = conn.broker.hooks
+
+    # ------------------------------------------------------------ ConsumerChannel
+
+    def can_deliver(self) -> bool:
+        if not self.flow or self.closing or not self.conn.writable:
+            return False
+        pg = self.prefetch_global
+        return not pg or len(self.unacked) < pg
+
+    def deliver(self, consumer: Consumer, msg: Message, queue: Queue) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        now = self.conn.clock.monotonic()
+        if consumer.first_delivery is None:
+            consumer.first_delivery = now
+        consumer.delivered_total += 1
+        if consumer.no_ack:
+            queue.settle(msg)
+        else:
+            self.unacked[tag] = (msg, queue, consumer)
+            consumer.unacked += 1
+        conn = self.conn
+        conn.out.append(conn.codec.encode_deliver(
+            self.id, consumer.tag_bytes, tag, msg.redelivered, msg.exchange.encode(),
+            msg.routing_key.encode(), msg.body_size, msg.delivery_properties(), msg.body))
+        conn.want_flush()
+        h = self._hooks.message_delivered
+        if h is not None:
+            h(vhost=self.vhost.name, queue=queue.name, consumer_tag=consumer.tag,
+              connection_id=self.connection_id, channel_id=self.id, delivery_tag=tag,
+              message=msg, redelivered=msg.redelivered)
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The queue went away (deleted): forget the consumer and tell the client if it can
+        hear it (``consumer_cancel_notify``)."""
+        if self.consumers.pop(consumer.tag, None) is None:
+            return
+        if self.conn.client_caps.get("consumer_cancel_notify") and not self.closing:
+            self.conn.send(self.id, "basic.cancel", consumer.tag, True)
+        self._consumer_gone(consumer, "queue deleted")
+
+    # ------------------------------------------------------------ helpers
+
+    def _consumer_gone(self, c: Consumer, reason: str) -> None:
+        h = self._hooks.consumer_removed
+        if h is not None:
+            h(vhost=self.vhost.name, queue=c.queue.name, consumer_tag=c.tag,
+              connection_id=self.connection_id, channel_id=self.id, reason=reason)
+
+    def settle_tags(self, tag: int, multiple: bool, sig: tuple[int, int]) -> list[
+            tuple[Message, Queue, Consumer | None]]:
+        """Take the unacked entries an ack/nack/reject names (406 for an unknown tag)."""
+        unacked = self.unacked
+        if multiple:
+            if tag == 0:
+                tags = list(unacked)
+            else:
+                tags = [t for t in unacked if t <= tag]
+            if not tags and tag not in self.moved and tag != 0:
+                if any(t <= tag for t in self.moved):
+                    return []
+                raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", sig)
+            out = [unacked.pop(t) for t in tags]
+            for t in [t for t in self.moved if tag == 0 or t <= tag]:
+                self._late_settle(t)
+            return out
+        entry = unacked.pop(tag, None)
+        if entry is None:
+            if tag in self.moved:
+                self._late_settle(tag)
+                return []
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", sig)
+        return [entry]
+
+    def _late_settle(self, tag: int) -> None:
+        """An ack for a message taken back from this (isolated) consumer: if nobody got it
+        yet, it counts as acked; otherwise the other consumer's copy stands."""
+        msg, queue = self.moved.pop(tag)
+        if not queue.deleted and msg.id in queue.held:
+            try:
+                queue.ready.remove(msg)
+            except ValueError:
+                return  # already delivered elsewhere
+            queue.ready_bytes -= msg.body_size
+            queue.settle(msg)
+
+    def requeue_all(self) -> None:
+        """Return every unacked message to its queue (channel close, recover)."""
+        if not self.unacked:
+            return
+        by_queue: dict[int, tuple[Queue, list[Message]]] = {}
+        for msg, q, c in self.unacked.values():
+            if c is not None:
+                c.unacked -= 1
+            by_queue.setdefault(id(q), (q, []))[1].append(msg)
+        self.unacked.clear()
+        h = self._hooks.message_redelivered
+        for q, msgs in by_queue.values():
+            q.requeue(msgs)
+            if h is not None:
+                for m in msgs:
+                    h(vhost=self.vhost.name, queue=q.name, message=m,
+                      delivery_count=m.delivery_count, reason="channel closed")
+            self.conn.broker.after_requeue(q, msgs)
+
+    def teardown(self, reason: str) -> None:
+        """Cancel consumers and requeue unacked messages (the channel is going away)."""
+        self.closing = True
+        for c in list(self.consumers.values()):
+            c.queue.remove_consumer(c)
+            self._consumer_gone(c, reason)
+        self.consumers.clear()
+        self.requeue_all()
+        self.moved.clear()
+        self.tx_ops.clear()
+
+
+class Connection:
+    """One client connection."""
+
+    def __init__(self, broker_: Broker, transport: Transport, peer: str) -> None:
+        self.broker = broker_
+        self.transport = transport
+        self.peer = peer
+        self.id = broker_.new_connection_id(peer)
+        self.clock = broker_.clock
+        limits = broker_.limits
+        self.codec = ServerCodec(frame_max=limits.frame_max,
+                                 max_message_size=limits.max_message_size)
+        self.state = AWAIT_HEADER
+        self.channels: dict[int, Channel] = {}
+        self.closing_channels: set[int] = set()
+        self.out: list[bytes] = []
+        self.flush_pending = False
+        self.writable = True
+        self.reading_paused = False
+        self.user = ""
+        self.vhost: VirtualHost | None = None
+        self.client_props: dict[str, Any] = {}
+        self.client_caps: dict[str, Any] = {}
+        self.channel_max = limits.channel_max
+        self.frame_max = limits.frame_max
+        self.heartbeat = 0
+        now = self.clock.monotonic()
+        self.last_recv = now
+        self.last_sent = now
+        self.blocked = False
+        self.published = False
+        self._hb_timer: TimerHandle | None = None
+        self._timeout_timer: TimerHandle | None = broker_.timers.call_later(
+            limits.handshake_timeout, self._handshake_timeout)
+        self.close_reason = ""
+        broker_.connection_opened(self)
+        self._handlers: dict[str, Callable[[Channel, tuple[Any, ...]], None]] = {
+            "channel.flow": self._channel_flow,
+            "channel.close": self._channel_close,
+            "channel.close_ok": self._channel_close_ok,
+            "exchange.declare": self._exchange_declare,
+            "exchange.delete": self._exchange_delete,
+            "exchange.bind": self._exchange_bind,
+            "exchange.unbind": self._exchange_unbind,
+            "queue.declare": self._queue_declare,
+            "queue.bind": self._queue_bind,
+            "queue.unbind": self._queue_unbind,
+            "queue.purge": self._queue_purge,
+            "queue.delete": self._queue_delete,
+            "basic.qos": self._basic_qos,
+            "basic.consume": self._basic_consume,
+            "basic.cancel": self._basic_cancel,
+            "basic.get": self._basic_get,
+            "basic.ack": self._basic_ack,
+            "basic.reject": self._basic_reject,
+            "basic.nack": self._basic_nack,
+            "basic.recover": self._basic_recover,
+            "basic.recover_async": self._basic_recover_async,
+            "confirm.select": self._confirm_select,
+            "tx.select": self._tx_select,
+            "tx.commit": self._tx_commit,
+            "tx.rollback": self._tx_rollback,
+        }
+
+    # ================================================================ I/O edges
+
+    def send(self, channel: int, name: str, *args: Any) -> None:
+        self.out.append(self.codec.encode_method(channel, name, *args))
+        self.want_flush()
+
+    def want_flush(self) -> None:
+        if not self.flush_pending:
+            self.flush_pending = True
+            self.broker.want_flush(self)
+
+    def flush(self) -> None:
+        self.flush_pending = False
+        out = self.out
+        if out and self.state != CLOSED:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            self.last_sent = self.clock.monotonic()
+            self.transport.write(data)
+        else:
+            out.clear()
+
+    def pause_writing(self) -> None:
+        """The peer is not reading: stop delivering to it until it drains."""
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for ch in self.channels.values():
+            for c in ch.consumers.values():
+                c.queue.vhost.mark_dirty(c.queue)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return
+        self.last_recv = self.clock.monotonic()
+        self.codec.receive_data(data)
+        self.process()
+
+    def process(self) -> None:
+        """Handle buffered events; yield after MAX_EVENTS_PER_TURN (read back-pressure)."""
+        codec = self.codec
+        handled = 0
+        while self.state != CLOSED:
+            try:
+                ev = codec.next_event()
+            except ConnectionError_ as e:
+                self.connection_error(e)
+                return
+            except ChannelError as e:
+                self.channel_error(e.channel, e)
+                continue
+            if ev is NEED_DATA:
+                break
+            try:
+                self.handle(ev)  # type: ignore[arg-type]
+            except ChannelError as e:
+                self.channel_error(getattr(ev, "channel", 0), e)
+            except ConnectionError_ as e:
+                self.connection_error(e)
+                return
+            except Exception:
+                log.exception("connection %s: internal error handling %r", self.id, ev)
+                self.connection_error(ConnectionError_(INTERNAL_ERROR, "internal error"))
+                return
+            handled += 1
+            if handled >= MAX_EVENTS_PER_TURN:
+                if not self.reading_paused:
+                    self.reading_paused = True
+                    self.transport.pause_reading()
+                self.broker.call_soon(self.process)
+                return
+        if self.reading_paused and not self.blocked:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def connection_lost(self) -> None:
+        if self.state == CLOSED:
+            return
+        prev = self.state
+        self.state = CLOSED
+        self._cleanup()
+        if prev not in (CLOSING,):
+            log.info("connection %s (%s) closed by peer%s", self.id, self.peer,
+                     f": {self.close_reason}" if self.close_reason else "")
+
+    def _cleanup(self) -> None:
+        for t in (self._hb_timer, self._timeout_timer):
+            if t is not None:
+                self.broker.timers.cancel(t)
+        self._hb_timer = self._timeout_timer = None
+        for ch in list(self.channels.values()):
+            ch.teardown("connection closed")
+        self.channels.clear()
+        if self.vhost is not None:
+            for q in list(self.vhost.queues.values()):
+                if q.exclusive_owner == self.id:
+                    self.vhost.delete_queue(q, reason="exclusive owner disconnected")
+        self.broker.connection_closed(self)
+
+    # ================================================================ errors
+
+    def channel_error(self, channel_id: int, e: AMQPError) -> None:
+        if channel_id == 0 or e.connection_level:
+            self.connection_error(e)
+            return
+        ch = self.channels.get(channel_id)
+        if ch is None:
+            self.connection_error(ConnectionError_(CHANNEL_ERROR, e.text, e.method))
+            return
+        log.info("connection %s channel %d closed: %d %s", self.id, channel_id, e.code, e.text)
+        self.close_channel(ch, e.code, e.reply_text, e.method)
+
+    def close_channel(self, ch: Channel, code: int, text: str,
+                      method: tuple[int, int] = (0, 0)) -> None:
+        """Close a channel from the broker side (an error, or a policy such as 506)."""
+        if ch.closing:
+            return
+        ch.teardown(f"channel closed by broker: {code}")
+        self.codec.discard_channel(ch.id)
+        self.closing_channels.add(ch.id)
+        self.send(ch.id, "channel.close", code, text[:255], method[0], method[1])
+
+    def connection_error(self, e: AMQPError) -> None:
+        if self.state in (CLOSING, CLOSED):
+            return
+        log.warning("connection %s (%s) closed: %d %s", self.id, self.peer, e.code, e.text)
+        self.close(e.code, e.reply_text, e.method)
+
+    def close(self, code: int, text: str, method: tuple[int, int] = (0, 0)) -> None:
+        """Send connection.close and wait (a bounded time) for close-ok."""
+        if self.state in (CLOSING, CLOSED):
+            return
+        self.close_reason = text
+        was_open = self.state
+        self.state = CLOSING
+        self.out.append(self.codec.encode_method(0, "connection.close", code, text[:255],
+                                                 method[0], method[1]))
+        self.flush()
+        for ch in list(self.channels.values()):
+            ch.teardown("connection closing")
+        if was_open == AWAIT_HEADER:
+            self._drop()
+            return
+        self.broker.timers.call_later(self.broker.limits.close_timeout, self._drop)
+
+    def _drop(self) -> None:
+        if self.state == CLOSED:
+            return
+        self.flush()
+        self.state = CLOSED
+        self._cleanup()
+        self.transport.close()
+
+    def _handshake_timeout(self) -> None:
+        self._timeout_timer = None
+        if self.state < OPEN:
+            log.warning("connection %s (%s) dropped: handshake not finished within %.1f s",
+                        self.id, self.peer, self.broker.limits.handshake_timeout)
+            self.state = CLOSED
+            self._cleanup()
+            self.transport.close()
+
+    # ================================================================ dispatch
+
+    def handle(self, ev: ProtocolHeader | Method | Publish | Heartbeat) -> None:
+        if isinstance(ev, Publish):
+            ch = self._open_channel(ev.channel, (60, 40))
+            if ch is not None:
+                self._publish(ch, ev)
+            return
+        if isinstance(ev, Method):
+            if ev.channel == 0:
+                self._connection_method(ev)
+                return
+            if self.state != OPEN:
+                if self.state == CLOSING:
+                    return
+                raise ConnectionError_(COMMAND_INVALID,
+                                       f"{ev.name} before the connection was opened", ev.spec.sig)
+            name = ev.spec.name
+            if name == "channel.open":
+                self._channel_open(ev.channel)
+                return
+            ch = self._open_channel(ev.channel, ev.spec.sig, name)
+            if ch is None:
+                return
+            handler = self._handlers.get(name)
+            if handler is None:
+                raise ConnectionError_(COMMAND_INVALID,
+                                       f"{name} is not valid on a channel from a client",
+                                       ev.spec.sig)
+            handler(ch, ev.args)
+            return
+        if isinstance(ev, Heartbeat):
+            return
+        if isinstance(ev, ProtocolHeader):
+            if not ev.ok:
+                log.warning("connection %s (%s): wrong protocol header %r; answered with ours",
+                            self.id, self.peer, ev.data)
+                self.transport.write(PROTOCOL_HEADER)
+                self.state = CLOSED
+                self._cleanup()
+                self.transport.close()
+                return
+            self._start()
+
+    def _open_channel(self, channel_id: int, sig: tuple[int, int],
+                      name: str = "basic.publish") -> Channel | None:
+        if self.state != OPEN:
+            if self.state == CLOSING:
+                return None
+            raise ConnectionError_(COMMAND_INVALID, f"{name} before the connection was opened",
+                                   sig)
+        if channel_id in self.closing_channels:
+            # after our channel.close, only close/close-ok count; the rest is dropped
+            if name == "channel.close_ok":
+                self.closing_channels.discard(channel_id)
+                self.channels.pop(channel_id, None)
+            elif name == "channel.close":
+                self.closing_channels.discard(channel_id)
+                self.channels.pop(channel_id, None)
+                self.send(channel_id, "channel.close_ok")
+            return None
+        ch = self.channels.get(channel_id)
+        if ch is None:
+            raise ConnectionError_(CHANNEL_ERROR, f"{name} on channel {channel_id}, which is not "
+                                   "open", sig)
+        return ch
+
+    # ================================================================ connection class
+
+    def _start(self) -> None:
+        self.state = AWAIT_START_OK
+        props = {
+            "product": "plugbroker",
+            "version": broker.__version__,
+            "platform": "Python",
+            "information": "AMQP 0-9-1 broker with pluggable consumer policies",
+            "capabilities": SERVER_CAPABILITIES,
+            "cluster_name": self.broker.name,
+        }
+        self.send(0, "connection.start", 0, 9, props, "PLAIN AMQPLAIN", "en_US")
+
+    def _connection_method(self, ev: Method) -> None:
+        name = ev.spec.name
+        a = ev.args
+        st = self.state
+        if st == CLOSING:
+            if name == "connection.close_ok":
+                self._drop()
+            elif name == "connection.close":
+                self.send(0, "connection.close_ok")
+                self._drop()
+            return
+        if name == "connection.close":
+            log.info("connection %s (%s) closed by client: %s %s", self.id, self.peer, a[0], a[1])
+            self.close_reason = f"{a[0]} {a[1]}"
+            for ch in list(self.channels.values()):
+                ch.teardown("connection closed")
+            self.channels.clear()
+            self.send(0, "connection.close_ok")
+            self.flush()
+            self.state = CLOSED
+            self._cleanup()
+            self.transport.close()
+            return
+        if st == AWAIT_START_OK and name == "connection.start_ok":
+            self._start_ok(*a)
+        elif st == AWAIT_TUNE_OK and name == "connection.tune_ok":
+            self._tune_ok(*a)
+        elif st == AWAIT_OPEN and name == "connection.open":
+            self._open(a[0])
+        elif name == "connection.update_secret" and st == OPEN:
+            raise ConnectionError_(NOT_IMPLEMENTED, "connection.update_secret is not supported",
+                                   ev.spec.sig)
+        elif name in ("connection.close_ok",):
+            return
+        else:
+            raise ConnectionError_(COMMAND_INVALID, f"unexpected {name} on channel 0",
+                                   ev.spec.sig)
+
+    def _start_ok(self, client_props: dict[str, Any], mechanism: str, response: bytes,
+                  locale: str) -> None:
+        self.client_props = client_props if isinstance(client_props, dict) else {}
+        caps = self.client_props.get("capabilities")
+        self.client_caps = caps if isinstance(caps, dict) else {}
+        user, password = self._credentials(mechanism, response)
+        if not self.broker.authenticate(user, password):
+            text = (f"ACCESS_REFUSED - Login was refused using authentication mechanism "
+                    f"{mechanism}.")
+            log.warning("connection %s (%s): login refused for user %r", self.id, self.peer, user)
+            if self.client_caps.get("authentication_failure_close"):
+                self.close(ACCESS_REFUSED, text, (10, 11))
+            else:
+                self.state = CLOSED
+                self._cleanup()
+                self.transport.close()
+            return
+        self.user = user
+        self.state = AWAIT_TUNE_OK
+        lim = self.broker.limits
+        self.send(0, "connection.tune", lim.channel_max, lim.frame_max, int(lim.heartbeat))
+
+    def _credentials(self, mechanism: str, response: bytes) -> tuple[str, str]:
+        if mechanism == "PLAIN":
+            parts = bytes(response).split(b"\x00")
+            if len(parts) != 3:
+                raise ConnectionError_(ACCESS_REFUSED, "malformed PLAIN response", (10, 11))
+            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        if mechanism == "AMQPLAIN":
+            from amqp.serialization import loads
+            raw = bytes(response)
+            try:
+                table, _ = loads("F", len(raw).to_bytes(4, "big") + raw, 0)
+            except Exception:
+                raise ConnectionError_(ACCESS_REFUSED, "malformed AMQPLAIN response",
+                                       (10, 11)) from None
+            t = table[0]
+            return str(t.get("LOGIN", "")), str(t.get("PASSWORD", ""))
+        raise ConnectionError_(ACCESS_REFUSED,
+                               f"unsupported authentication mechanism {mechanism!r}; "
+                               "use PLAIN or AMQPLAIN", (10, 11))
+
+    def _tune_ok(self, channel_max: int, frame_max: int, heartbeat: int) -> None:
+        lim = self.broker.limits
+        if frame_max and frame_max < 4096:
+            raise ConnectionError_(SYNTAX_ERROR, f"frame_max {frame_max} is below the minimum "
+                                   "4096", (10, 31))
+        if frame_max > lim.frame_max:
+            raise ConnectionError_(SYNTAX_ERROR, f"frame_max {frame_max} is above the offered "
+                                   f"{lim.frame_max}", (10, 31))
+        self.frame_max = frame_max or lim.frame_max
+        self.codec.tune(self.frame_max)
+        self.channel_max = min(channel_max or lim.channel_max, lim.channel_max)
+        self.heartbeat = heartbeat
+        self.state = AWAIT_OPEN
+
+    def _open(self, vhost_name: str) -> None:
+        vh = self.broker.vhosts.get(vhost_name)
+        if vh is None:
+            raise ConnectionError_(NOT_ALLOWED, f"vhost '{vhost_name}' not found", (10, 40))
+        if not self.broker.may_access(self.user, vhost_name):
+            raise ConnectionError_(NOT_ALLOWED, f"access to vhost '{vhost_name}' refused for "
+                                   f"user '{self.user}'", (10, 40))
+        self.vhost = vh
+        self.state = OPEN
+        if self._timeout_timer is not None:
+            self.broker.timers.cancel(self._timeout_timer)
+            self._timeout_timer = None
+        self.send(0, "connection.open_ok", "")
+        if self.heartbeat:
+            self._hb_timer = self.broker.timers.call_later(self.heartbeat / 2, self._hb_tick)
+        if self.broker.alarm and self.client_caps.get("connection.blocked"):
+            self.send(0, "connection.blocked", self.broker.alarm)
+        log.info("connection %s (%s) opened: user %r vhost %r heartbeat %ds", self.id, self.peer,
+                 self.user, vhost_name, self.heartbeat)
+        h = self.broker.hooks.connection_opened
+        if h is not None:
+            h(connection_id=self.id, peer=self.peer, user=self.user, vhost=vhost_name)
+
+    def _hb_tick(self) -> None:
+        self._hb_timer = None
+        if self.state != OPEN or not self.heartbeat:
+            return
+        now = self.clock.monotonic()
+        hb = self.heartbeat
+        if now - self.last_recv > 2 * hb:
+            log.warning("connection %s (%s) dropped: no frame from the client for %.1f s "
+                        "(heartbeat %d s)", self.id, self.peer, now - self.last_recv, hb)
+            self.close_reason = "missed heartbeats"
+            self.state = CLOSED
+            self._cleanup()
+            self.transport.close()
+            return
+        if now - self.last_sent >= hb / 2 and not self.out:
+            self.out.append(self.codec.encode_heartbeat())
+            self.flush()
+        self._hb_timer = self.broker.timers.call_later(hb / 2, self._hb_tick)
+
+    def set_blocked(self, reason: str | None) -> None:
+        """A resource alarm went on (``reason``) or off (None)."""
+        if not self.client_caps.get("connection.blocked") or self.state != OPEN:
+            if reason is None and self.blocked:
+                self.blocked = False
+                self.transport.resume_reading()
+            return
+        if reason is not None:
+            self.send(0, "connection.blocked", reason)
+            if self.published:
+                self.blocked = True
+                self.transport.pause_reading()
+        else:
+            self.send(0, "connection.unblocked")
+            if self.blocked:
+                self.blocked = False
+                self.transport.resume_reading()
+
+    # ================================================================ channel class
+
+    def _channel_open(self, channel_id: int) -> None:
+        if channel_id in self.channels or channel_id in self.closing_channels:
+            raise ConnectionError_(CHANNEL_ERROR, f"channel {channel_id} is already open",
+                                   (20, 10))
+        if channel_id > self.channel_max:
+            raise ConnectionError_(CHANNEL_ERROR, f"channel {channel_id} is above channel_max "
+                                   f"{self.channel_max}", (20, 10))
+        self.channels[channel_id] = Channel(self, channel_id)
+        self.send(channel_id, "channel.open_ok", b"")
+
+    def _channel_flow(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        ch.flow = bool(a[0])
+        self.send(ch.id, "channel.flow_ok", ch.flow)
+        if ch.flow:
+            for c in ch.consumers.values():
+                c.queue.vhost.mark_dirty(c.queue)
+
+    def _channel_close(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        ch.teardown("channel closed by client")
+        self.channels.pop(ch.id, None)
+        self.codec.discard_channel(ch.id)
+        self.send(ch.id, "channel.close_ok")
+
+    def _channel_close_ok(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        raise ConnectionError_(CHANNEL_ERROR, f"channel.close_ok on channel {ch.id}, which the "
+                               "broker did not close", (20, 41))
+
+    # ================================================================ exchange class
+
+    def _exchange_declare(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, name, type_, passive, durable, auto_delete, internal, nowait, args = a
+        self.broker.check_name(name, (40, 10))
+        ch.vhost.declare_exchange(name, type_, passive=passive, durable=durable,
+                                  auto_delete=auto_delete, internal=internal, arguments=args)
+        if not nowait:
+            self.send(ch.id, "exchange.declare_ok")
+
+    def _exchange_delete(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, name, if_unused, nowait = a
+        if name in ch.vhost.exchanges:
+            ch.vhost.delete_exchange(name, if_unused=if_unused)
+        if not nowait:
+            self.send(ch.id, "exchange.delete_ok")
+
+    def _exchange_bind(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, dest, source, key, nowait, args = a
+        vh = ch.vhost
+        d = vh.get_exchange(dest, (40, 30))
+        s = vh.get_exchange(source, (40, 30))
+        vh.bind(s, d, key, args)
+        if not nowait:
+            self.send(ch.id, "exchange.bind_ok")
+
+    def _exchange_unbind(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, dest, source, key, nowait, args = a
+        vh = ch.vhost
+        d = vh.get_exchange(dest, (40, 40))
+        s = vh.get_exchange(source, (40, 40))
+        vh.unbind(s, d, key, args)
+        if not nowait:
+            self.send(ch.id, "exchange.unbind_ok")
+
+    # ================================================================ queue class
+
+    def _queue_declare(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, name, passive, durable, exclusive, auto_delete, nowait, args = a
+        self.broker.check_name(name, (50, 10))
+        vh = ch.vhost
+        q, created = vh.declare_queue(
+            name, passive=passive, durable=durable, exclusive=exclusive,
+            auto_delete=auto_delete, arguments=args, owner=self.id,
+            subscription_type=self.broker.configured_subscription(vh.name, name))
+        if not nowait:
+            self.send(ch.id, "queue.declare_ok", q.name, q.ready_count, len(q.consumers))
+
+    def _queue_bind(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, qname, exchange, key, nowait, args = a
+        vh = ch.vhost
+        q = vh.get_queue(qname, (50, 20), self.id)
+        ex = vh.get_exchange(exchange, (50, 20))
+        vh.bind(ex, q, key, args)
+        if not nowait:
+            self.send(ch.id, "queue.bind_ok")
+
+    def _queue_unbind(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, qname, exchange, key, args = a
+        vh = ch.vhost
+        q = vh.get_queue(qname, (50, 50), self.id)
+        ex = vh.get_exchange(exchange, (50, 50))
+        vh.unbind(ex, q, key, args)
+        self.send(ch.id, "queue.unbind_ok")
+
+    def _queue_purge(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, qname, nowait = a
+        q = ch.vhost.get_queue(qname, (50, 30), self.id)
+        n = q.purge()
+        if not nowait:
+            self.send(ch.id, "queue.purge_ok", n)
+
+    def _queue_delete(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, qname, if_unused, if_empty, nowait = a
+        vh = ch.vhost
+        q = vh.queues.get(qname)
+        n = 0
+        if q is not None:
+            vh._check_owner(q, self.id, (50, 40))
+            n = vh.delete_queue(q, reason=f"deleted by client on connection {self.id}",
+                                if_unused=if_unused, if_empty=if_empty)
+        if not nowait:
+            self.send(ch.id, "queue.delete_ok", n)
+
+    # ================================================================ basic class
+
+    def _basic_qos(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        prefetch_size, prefetch_count, global_ = a
+        if global_:
+            ch.prefetch_global = prefetch_count
+        else:
+            ch.prefetch_consumer = prefetch_count
+        self.send(ch.id, "basic.qos_ok")
+        for c in ch.consumers.values():
+            c.queue.vhost.mark_dirty(c.queue)
+
+    def _basic_consume(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, qname, tag, no_local, no_ack, exclusive, nowait, args = a
+        sig = (60, 20)
+        q = ch.vhost.get_queue(qname, sig, self.id)
+        if not tag:
+            tag = "amq.ctag-" + secrets.token_urlsafe(16)
+        elif tag in ch.consumers:
+            raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", sig)
+        if q.has_exclusive_consumer() or (exclusive and q.consumers):
+            raise ChannelError(ACCESS_REFUSED, f"queue '{qname}' in vhost '{ch.vhost.name}' in "
+                               "exclusive use", sig)
+        if q.subscription_type == EXCLUSIVE and q.consumers:
+            raise ChannelError(ACCESS_REFUSED, f"queue '{qname}' has an exclusive subscription "
+                               "and already has a consumer", sig)
+        c = q.add_consumer(tag, ch, no_ack=no_ack, exclusive=exclusive,
+                           prefetch=ch.prefetch_consumer, arguments=args)
+        ch.consumers[tag] = c
+        if not nowait:
+            self.send(ch.id, "basic.consume_ok", tag)
+        h = self.broker.hooks.consumer_added
+        if h is not None:
+            h(vhost=ch.vhost.name, queue=q.name, consumer_tag=tag, connection_id=self.id,
+              channel_id=ch.id)
+
+    def _basic_cancel(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        tag, nowait = a
+        c = ch.consumers.pop(tag, None)
+        if c is not None:
+            c.queue.remove_consumer(c)
+            ch._consumer_gone(c, "cancelled by client")
+        if not nowait:
+            self.send(ch.id, "basic.cancel_ok", tag)
+
+    def _basic_get(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        _, qname, no_ack = a
+        q = ch.vhost.get_queue(qname, (60, 70), self.id)
+        q.getters[(self.id, ch.id)] = None
+        if ch.prefetch_global and len(ch.unacked) >= ch.prefetch_global and not no_ack:
+            self.send(ch.id, "basic.get_empty", "")
+            return
+        m = q.get()
+        if m is None:
+            self.send(ch.id, "basic.get_empty", "")
+            return
+        tag = ch.next_tag
+        ch.next_tag = tag + 1
+        if no_ack:
+            q.settle(m)
+        else:
+            ch.unacked[tag] = (m, q, None)
+        self.out.append(self.codec.encode_method(
+            ch.id, "basic.get_ok", tag, m.redelivered, m.exchange, m.routing_key, q.ready_count))
+        self.out.append(self.codec.encode_content(ch.id, m.body_size, m.delivery_properties(),
+                                                  m.body))
+        self.want_flush()
+        h = self.broker.hooks.message_delivered
+        if h is not None:
+            h(vhost=ch.vhost.name, queue=q.name, consumer_tag=None, connection_id=self.id,
+              channel_id=ch.id, delivery_tag=tag, message=m, redelivered=m.redelivered)
+
+    def _basic_ack(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        tag, multiple = a
+        if ch.tx:  # validate now, apply at commit
+            self._tx_check_tag(ch, tag, multiple, (60, 80))
+            ch.tx_ops.append(("ack", (tag, multiple)))
+            return
+        self._ack(ch, tag, multiple)
+
+    def _ack(self, ch: Channel, tag: int, multiple: bool) -> None:
+        entries = ch.settle_tags(tag, multiple, (60, 80))
+        if not entries:
+            return
+        now = self.clock.monotonic()
+        hooks = self.broker.hooks
+        h = hooks.message_acked
+        for msg, q, c in entries:
+            q.settle(msg)
+            if c is not None:
+                c.unacked -= 1
+                c.last_ack = now
+                if c.isolated:
+                    self.broker.release_consumer(c, "acked")
+            if h is not None:
+                h(vhost=ch.vhost.name, queue=q.name, consumer_tag=c.tag if c else None,
+                  connection_id=self.id, channel_id=ch.id, message=msg)
+            if not q.dirty and q.ready:
+                q.vhost.mark_dirty(q)
+        if ch.prefetch_global:
+            for c in ch.consumers.values():
+                c.queue.vhost.mark_dirty(c.queue)
+
+    def _basic_reject(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        tag, requeue = a
+        if ch.tx:
+            self._tx_check_tag(ch, tag, False, (60, 90))
+            ch.tx_ops.append(("reject", (tag, False, requeue)))
+            return
+        self._reject(ch, tag, False, requeue, (60, 90))
+
+    def _basic_nack(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        tag, multiple, requeue = a
+        if ch.tx:
+            self._tx_check_tag(ch, tag, multiple, (60, 120))
+            ch.tx_ops.append(("reject", (tag, multiple, requeue)))
+            return
+        self._reject(ch, tag, multiple, requeue, (60, 120))
+
+    def _reject(self, ch: Channel, tag: int, multiple: bool, requeue: bool,
+                sig: tuple[int, int]) -> None:
+        entries = ch.settle_tags(tag, multiple, sig)
+        now = self.clock.monotonic()
+        h = self.broker.hooks.message_rejected
+        for msg, q, c in entries:
+            if c is not None:
+                c.unacked -= 1
+                c.last_ack = now
+                if c.isolated:
+                    self.broker.release_consumer(c, "rejected")
+            if h is not None:
+                h(vhost=ch.vhost.name, queue=q.name, consumer_tag=c.tag if c else None,
+                  connection_id=self.id, channel_id=ch.id, message=msg, requeue=requeue)
+            self.broker.rejected(q, msg, requeue)
+
+    def _basic_recover(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        ch.requeue_all()
+        self.send(ch.id, "basic.recover_ok")
+
+    def _basic_recover_async(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        ch.requeue_all()
+
+    def _publish(self, ch: Channel, ev: Publish) -> None:
+        if ev.immediate:
+            raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true is not supported", (60, 40))
+        if ch.tx:
+            ch.tx_ops.append(("publish", ev))
+            return
+        self.published = True
+        self._route(ch, ev)
+
+    def _route(self, ch: Channel, ev: Publish) -> None:
+        vh = ch.vhost
+        ex = vh.exchanges.get(ev.exchange)
+        if ex is None:
+            raise ChannelError(NOT_FOUND, f"no exchange '{ev.exchange}' in vhost '{vh.name}'",
+                               (60, 40))
+        if ex.internal:
+            raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange "
+                               f"'{ev.exchange}' in vhost '{vh.name}'", (60, 40))
+        clock = self.clock
+        try:
+            msg = Message.from_publish(next_message_id(), ev.exchange, ev.routing_key,
+                                       ev.properties, ev.body, ev.body_size, clock.monotonic(),
+                                       clock.time())
+        except PropertiesError as exc:
+            raise ChannelError(PRECONDITION_FAILED, str(exc), (60, 40)) from None
+        seq = 0
+        if ch.confirm:
+            ch.publish_seq += 1
+            seq = ch.publish_seq
+        if ex.type == "x-delayed-message":
+            delay = DelayedExchange.delay_of(msg)
+            if delay > 0:
+                vh.hold_delayed(ex, msg, delay)  # type: ignore[arg-type]
+                if seq:
+                    self.send(ch.id, "basic.ack", seq, False)
+                return
+        queues = vh.route(ex, msg)
+        h = self.broker.hooks.message_published
+        if h is not None:
+            h(vhost=vh.name, exchange=ev.exchange, routing_key=ev.routing_key, message=msg,
+              queues=tuple(q.name for q in queues))
+        if not queues:
+            if ev.mandatory:
+                self.out.append(self.codec.encode_method(ch.id, "basic.return", NO_ROUTE,
+                                                         "NO_ROUTE", ev.exchange, ev.routing_key))
+                self.out.append(self.codec.encode_content(ch.id, ev.body_size, ev.properties,
+                                                          ev.body))
+                self.want_flush()
+            if seq:
+                self.send(ch.id, "basic.ack", seq, False)
+            return
+        taken, refused = vh.deliver_to_queues(queues, msg)
+        if seq:
+            if refused:
+                self.send(ch.id, "basic.nack", seq, False, False)
+            elif msg.persistent and vh.store.durable and any(q.durable for q in taken):
+                vh.store.after_durable(
+                    lambda: self._confirm(ch, seq) if not ch.closing else None)
+            else:
+                self.send(ch.id, "basic.ack", seq, False)
+
+    def _confirm(self, ch: Channel, seq: int) -> None:
+        if self.state == OPEN and not ch.closing:
+            self.send(ch.id, "basic.ack", seq, False)
+
+    # ================================================================ confirm / tx
+
+    def _confirm_select(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        if ch.tx:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode",
+                               (85, 10))
+        ch.confirm = True
+        if not a[0]:
+            self.send(ch.id, "confirm.select_ok")
+
+    def _tx_select(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        if ch.confirm:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode",
+                               (90, 10))
+        ch.tx = True
+        self.send(ch.id, "tx.select_ok")
+
+    def _tx_check_tag(self, ch: Channel, tag: int, multiple: bool, sig: tuple[int, int]) -> None:
+        if tag == 0 and multiple:
+            return
+        if tag not in ch.unacked and tag not in ch.moved and not (
+                multiple and any(t <= tag for t in ch.unacked)):
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", sig)
+
+    def _tx_commit(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        if not ch.tx:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional", (90, 20))
+        ops, ch.tx_ops = ch.tx_ops, []
+        for kind, arg in ops:
+            if kind == "publish":
+                self.published = True
+                self._route(ch, arg)
+            elif kind == "ack":
+                self._ack(ch, *arg)
+            else:
+                tag, multiple, requeue = arg
+                self._reject(ch, tag, multiple, requeue, (60, 120))
+        self.send(ch.id, "tx.commit_ok")
+
+    def _tx_rollback(self, ch: Channel, a: tuple[Any, ...]) -> None:
+        if not ch.tx:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional", (90, 30))
+        ch.tx_ops.clear()
+        self.send(ch.id, "tx.rollback_ok")
+
+    # ================================================================ broker-initiated
+
+    def force_close(self, text: str = "broker shutdown") -> None:
+        """Close with 320 CONNECTION_FORCED (shutdown, admin)."""
+        if self.state == OPEN:
+            self.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {text}")
+        elif self.state != CLOSED:
+            self.state = CLOSED
+            self._cleanup()
+            self.transport.close()
+
+
+__all__ = ["Channel", "Connection", "MAX_EVENTS_PER_TURN", "REPLY_SUCCESS", "Transport",
+           "UNEXPECTED_FRAME"]
