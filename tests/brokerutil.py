@@ -1,0 +1,104 @@
+"""Start a real broker for a test: its own event loop thread, a free loopback port.
+
+Tests talk to it with real clients over TCP; they never reach into it except through
+:meth:`BrokerThread.call`, which runs a function on the broker's loop (to read a figure or
+trigger a housekeeping check without waiting for the scheduler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from broker.runner import Running, start_broker
+
+CONFIG_TEMPLATE = """<?xml version="1.0"?>
+<broker>
+  <listen host="127.0.0.1" port="0"/>
+  {store}
+  <users><user name="guest" password="guest" vhosts="/ other"/></users>
+  <housekeeping><threads>2</threads><period>{period}</period></housekeeping>
+  {plugins}
+  {limits}
+  <virtualhost name="/">
+{vhost}
+  </virtualhost>
+  <virtualhost name="other"/>
+</broker>
+"""
+
+
+def write_config(directory: Path, vhost: str = "", *, store: bool = False,
+                 plugins: str = "", limits: str = "", period: str = "30000",
+                 name: str = "broker.xml") -> Path:
+    store_el = f'<store path="{directory / "store"}"/>' if store else ""
+    text = CONFIG_TEMPLATE.format(store=store_el, plugins=plugins, limits=limits, vhost=vhost,
+                                  period=period)
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+class BrokerThread:
+    def __init__(self, config_path: Path | None = None, **kw: Any) -> None:
+        self.config_path = config_path
+        self.kw = kw
+        self.loop = asyncio.new_event_loop()
+        self.running: Running | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="broker", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.running = self.loop.run_until_complete(
+                start_broker(self.config_path, host="127.0.0.1", port=0, **self.kw))
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+
+    def start(self) -> BrokerThread:
+        self._thread.start()
+        if not self._ready.wait(15):
+            raise RuntimeError("broker did not start within 15 s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self.running is not None
+        return self.running.port
+
+    @property
+    def broker(self) -> Any:
+        assert self.running is not None
+        return self.running.broker
+
+    def url(self, vhost: str = "/") -> str:
+        v = "" if vhost == "/" else vhost
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/{v}"
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the broker's loop and return its result."""
+        async def run() -> Any:
+            try:
+                return fn(*args)
+            finally:
+                self.broker.end_of_turn()
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    def stop(self) -> None:
+        if self.running is not None and self.loop.is_running():
+            fut = asyncio.run_coroutine_threadsafe(self.running.stop(), self.loop)
+            try:
+                fut.result(15)
+            finally:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
