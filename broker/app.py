@@ -69,7 +69,8 @@ class Broker:
         self.store = store if store is not None else MemoryStore()
         cl = config.limits
         self.limits = Limits(heartbeat=cl.heartbeat, frame_max=cl.frame_max,
-                             channel_max=cl.channel_max, handshake_timeout=cl.handshake_timeout,
+                             channel_max=cl.channel_max or 65535,
+                             handshake_timeout=cl.handshake_timeout,
                              max_message_size=cl.max_message_size)
         self.connections: dict[str, Connection] = {}
         self._conn_seq = itertools.count(1)
