@@ -273,6 +273,9 @@ class Broker:
                 vh.dead_letter(q, msg, decision.reason)
             else:
                 q.settle(msg)
+                h = self.hooks.message_dropped
+                if h is not None:
+                    h(vhost=vh.name, queue=q.name, message=msg, reason=decision.reason)
             return
         if requeue:
             delay = None
@@ -283,7 +286,7 @@ class Broker:
             self._requeue_one(q, msg, delay or 0.0)
         else:
             q.settle(msg)
-            vh.dead_letter(q, msg, "rejected")
+            vh.dead_letter_or_drop(q, msg, "rejected")
 
     def _requeue_one(self, q: Queue, msg: Message, delay: float) -> None:
         if delay > 0:
@@ -328,7 +331,7 @@ class Broker:
             if h is not None:
                 for m in moved:
                     h(vhost=c.queue.vhost.name, queue=c.queue.name, message=m,
-                      delivery_count=m.delivery_count, reason="consumer isolated")
+                      delivery_count=m.delivery_count, reason="consumer-isolated")
         return len(moved)
 
     def release_consumer(self, c: Consumer, reason: str) -> None:
@@ -351,6 +354,8 @@ class Broker:
         loop = self.loop
         if loop is None or threading.get_ident() == self._loop_thread:
             return fn(*args)
+        if loop.is_closed() or not loop.is_running():
+            raise RuntimeError("the broker's event loop is not running")
 
         async def run() -> Any:
             try:
@@ -428,7 +433,7 @@ class Broker:
             return "applied"
         if isinstance(a, DeleteQueue):
             n = len(q.held)
-            q.vhost.delete_queue(q, reason=f"policy {a.policy}: {a.reason}")
+            q.vhost.delete_queue(q, reason=f"policy:{a.policy}", detail=a.reason)
             policy_log.warning("%s: queue deleted, %d messages released: %s", what, n, a.reason)
             return "applied"
         c = self._find_consumer(q, getattr(a, "consumer_tag", ""), getattr(a, "connection_id", ""))

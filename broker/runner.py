@@ -90,17 +90,16 @@ class Running:
 
 
 def load_plugins(config_path: Path | None) -> tuple[Any, ConfigElementRegistry]:
+    """Load built-in, configured and entry-point plugins; collect their XML elements."""
     from broker.pluginhost import PluginHost
 
     modules, blocked = plugin_list(config_path)
     host = PluginHost(blocked=blocked)
-    host.load(modules)
+    host.load(modules, origin=str(config_path) if config_path else "the configuration")
     registry = ConfigElementRegistry()
     if host.add_config_elements is not None:
         host.add_config_elements(registry=registry)
-    for name in host.registry.policy_names():
-        if hasattr(registry, "register_policy"):
-            registry.register_policy(name)
+    host.declare_policies(registry)
     return host, registry
 
 
@@ -130,12 +129,30 @@ async def start_broker(config_path: str | Path | None = None, *, host: str | Non
     if housekeeping and plugins.registry.jobs():
         from broker.housekeeping import Housekeeping
 
-        hk = Housekeeping(plugins.registry.jobs(), b, threads=config.housekeeping_threads,
+        hk = Housekeeping(plugins.registry, b, threads=config.housekeeping_threads,
                           default_period=config.housekeeping_period,
-                          registry=plugins.registry)
+                          period_for=lambda key: period_for(b.config, key))
         hk.start()
         running.housekeeping = hk
     return running
+
+
+def period_for(config: BrokerConfig, key: str) -> float | None:
+    """Resolve a job's ``period_key`` such as ``"isolation.checkPeriod"``: the shortest such
+    period configured anywhere (a check must run at least as often as the strictest queue
+    asks), or None when no section configures it."""
+    section, _, attr = key.partition(".")
+    py_attr = {"checkPeriod": "check_period"}.get(attr, attr)
+    found: list[float] = []
+    for vc in config.vhosts.values():
+        holders = [vc.defaults, *(q.sections for q in vc.queues.values()),
+                   *(t.sections for t in vc.topics)]
+        for sections in holders:
+            sec = sections.get(section) if hasattr(sections, "get") else None
+            value = getattr(sec, py_attr, None)
+            if isinstance(value, (int, float)) and value > 0:
+                found.append(float(value))
+    return min(found) if found else None
 
 
 def open_store(config: BrokerConfig) -> Any:

@@ -142,7 +142,7 @@ class Channel:
             return
         if self.conn.client_caps.get("consumer_cancel_notify") and not self.closing:
             self.conn.send(self.id, "basic.cancel", consumer.tag, True)
-        self._consumer_gone(consumer, "queue deleted")
+        self._consumer_gone(consumer, "queue-deleted")
 
     # ------------------------------------------------------------ helpers
 
@@ -189,7 +189,7 @@ class Channel:
             queue.ready_bytes -= msg.body_size
             queue.settle(msg)
 
-    def requeue_all(self) -> None:
+    def requeue_all(self, reason: str = "channel-closed") -> None:
         """Return every unacked message to its queue (channel close, recover)."""
         if not self.unacked:
             return
@@ -205,17 +205,21 @@ class Channel:
             if h is not None:
                 for m in msgs:
                     h(vhost=self.vhost.name, queue=q.name, message=m,
-                      delivery_count=m.delivery_count, reason="channel closed")
+                      delivery_count=m.delivery_count, reason=reason)
             self.conn.broker.after_requeue(q, msgs)
 
     def teardown(self, reason: str) -> None:
         """Cancel consumers and requeue unacked messages (the channel is going away)."""
         self.closing = True
-        for c in list(self.consumers.values()):
+        gone = list(self.consumers.values())
+        for c in gone:
             c.queue.remove_consumer(c)
-            self._consumer_gone(c, reason)
         self.consumers.clear()
         self.requeue_all()
+        for c in gone:
+            if c.isolated:
+                self.conn.broker.release_consumer(c, "disconnected")
+            self._consumer_gone(c, reason)
         self.moved.clear()
         self.tx_ops.clear()
 
@@ -376,12 +380,13 @@ class Connection:
                 self.broker.timers.cancel(t)
         self._hb_timer = self._timeout_timer = None
         for ch in list(self.channels.values()):
-            ch.teardown("connection closed")
+            ch.teardown("connection-closed")
         self.channels.clear()
         if self.vhost is not None:
             for q in list(self.vhost.queues.values()):
                 if q.exclusive_owner == self.id:
-                    self.vhost.delete_queue(q, reason="exclusive owner disconnected")
+                    self.vhost.delete_queue(q, reason="exclusive-owner-closed",
+                                            detail=f"connection {self.id} closed")
         self.broker.connection_closed(self)
 
     # ================================================================ errors
@@ -402,7 +407,7 @@ class Connection:
         """Close a channel from the broker side (an error, or a policy such as 506)."""
         if ch.closing:
             return
-        ch.teardown(f"channel closed by broker: {code}")
+        ch.teardown("channel-closed")
         self.codec.discard_channel(ch.id)
         self.closing_channels.add(ch.id)
         self.send(ch.id, "channel.close", code, text[:255], method[0], method[1])
@@ -424,7 +429,7 @@ class Connection:
                                                  method[0], method[1]))
         self.flush()
         for ch in list(self.channels.values()):
-            ch.teardown("connection closing")
+            ch.teardown("connection-closed")
         if was_open == AWAIT_HEADER:
             self._drop()
             return
@@ -543,7 +548,7 @@ class Connection:
             log.info("connection %s (%s) closed by client: %s %s", self.id, self.peer, a[0], a[1])
             self.close_reason = f"{a[0]} {a[1]}"
             for ch in list(self.channels.values()):
-                ch.teardown("connection closed")
+                ch.teardown("connection-closed")
             self.channels.clear()
             self.send(0, "connection.close_ok")
             self.flush()
@@ -702,7 +707,7 @@ class Connection:
                 c.queue.vhost.mark_dirty(c.queue)
 
     def _channel_close(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        ch.teardown("channel closed by client")
+        ch.teardown("channel-closed")
         self.channels.pop(ch.id, None)
         self.codec.discard_channel(ch.id)
         self.send(ch.id, "channel.close_ok")
@@ -790,7 +795,7 @@ class Connection:
         n = 0
         if q is not None:
             vh._check_owner(q, self.id, (50, 40))
-            n = vh.delete_queue(q, reason=f"deleted by client on connection {self.id}",
+            n = vh.delete_queue(q, reason="client", detail=f"queue.delete on connection {self.id}",
                                 if_unused=if_unused, if_empty=if_empty)
         if not nowait:
             self.send(ch.id, "queue.delete_ok", n)
@@ -836,7 +841,7 @@ class Connection:
         c = ch.consumers.pop(tag, None)
         if c is not None:
             c.queue.remove_consumer(c)
-            ch._consumer_gone(c, "cancelled by client")
+            ch._consumer_gone(c, "cancel")
         if not nowait:
             self.send(ch.id, "basic.cancel_ok", tag)
 
@@ -917,6 +922,9 @@ class Connection:
     def _reject(self, ch: Channel, tag: int, multiple: bool, requeue: bool,
                 sig: tuple[int, int]) -> None:
         entries = ch.settle_tags(tag, multiple, sig)
+        if requeue and len(entries) > 1:
+            # each requeue goes to the front: newest first leaves the oldest at the head
+            entries.reverse()
         now = self.clock.monotonic()
         h = self.broker.hooks.message_rejected
         for msg, q, c in entries:
@@ -931,11 +939,11 @@ class Connection:
             self.broker.rejected(q, msg, requeue)
 
     def _basic_recover(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        ch.requeue_all()
+        ch.requeue_all("recover")
         self.send(ch.id, "basic.recover_ok")
 
     def _basic_recover_async(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        ch.requeue_all()
+        ch.requeue_all("recover")
 
     def _publish(self, ch: Channel, ev: Publish) -> None:
         if ev.immediate:

@@ -417,7 +417,7 @@ class Queue:
             return  # re-armed when the last consumer leaves
         due = self.last_used + self.expires / 1000.0
         if due <= self.vhost.clock.monotonic():
-            self.vhost.delete_queue(self, reason="expired (x-expires)")
+            self.vhost.delete_queue(self, reason="expired", detail="unused for x-expires")
         else:
             self.arm_idle_expiry()
 
@@ -445,7 +445,7 @@ class Queue:
         self.touch()
         if not self.consumers:
             if self.auto_delete and self.had_consumers:
-                self.vhost.delete_queue(self, reason="auto-delete: last consumer left")
+                self.vhost.delete_queue(self, reason="auto-delete", detail="last consumer left")
                 return
             self.arm_idle_expiry()
         self.vhost.mark_dirty(self)

@@ -200,6 +200,12 @@ class VirtualHost:
         if name == "" or name.startswith("amq."):
             if ex is not None and ex.type == type_:
                 return ex
+            if ex is not None and name:
+                # an existing standard exchange: the type check fails, as in RabbitMQ
+                raise ChannelError(PRECONDITION_FAILED,
+                                   f"inequivalent arg 'type' for exchange '{name}' in vhost "
+                                   f"'{self.name}': received '{type_}' but current is "
+                                   f"'{ex.type}'", sig)
             raise ChannelError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix "
                                "amq.*" if name else "the default exchange cannot be declared",
                                sig)
@@ -326,8 +332,13 @@ class VirtualHost:
         self._check_owner(q, owner, sig)
         return q
 
-    def delete_queue(self, q: Queue, *, reason: str = "deleted by client",
+    def delete_queue(self, q: Queue, *, reason: str = "client", detail: str = "",
                      if_unused: bool = False, if_empty: bool = False) -> int:
+        """Delete ``q``: cancel its consumers, drop its bindings, release its messages.
+
+        ``reason`` is the code plugins see (``client``, ``auto-delete``, ``expired``,
+        ``exclusive-owner-closed``, ``policy:<name>``); ``detail`` goes to the log line.
+        """
         sig = (50, 40)
         if if_unused and q.consumers:
             raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' in "
@@ -349,8 +360,8 @@ class VirtualHost:
         msgs = q.drain_all()
         if q.durable and self.store.durable:
             self.store.delete_queue(self.name, q.name)
-        log.info("queue '%s' in vhost '%s' deleted (%s), %d messages released",
-                 q.name, self.name, reason, len(msgs))
+        log.info("queue '%s' in vhost '%s' deleted (%s%s), %d messages released",
+                 q.name, self.name, reason, f": {detail}" if detail else "", len(msgs))
         h = self.hooks.queue_deleted
         if h is not None:
             h(vhost=self.name, queue=q.name, reason=reason)
@@ -494,10 +505,14 @@ class VirtualHost:
         h = self.hooks.message_expired
         if h is not None:
             h(vhost=self.name, queue=q.name, message=msg)
-        self.dead_letter(q, msg, "expired")
+        self.dead_letter_or_drop(q, msg, "expired")
 
     def discard(self, q: Queue, msg: Message, reason: str) -> None:
         """An overflow drop: dead-letter it if the queue can, else drop it (and say so)."""
+        self.dead_letter_or_drop(q, msg, reason)
+
+    def dead_letter_or_drop(self, q: Queue, msg: Message, reason: str) -> None:
+        """Dead-letter ``msg`` if the queue has a target, else drop it and say so."""
         if not self.dead_letter(q, msg, reason):
             h = self.hooks.message_dropped
             if h is not None:

@@ -1,0 +1,503 @@
+"""The housekeeping pool: plugins' periodic jobs, each on its own schedule, none able to stop another.
+
+This is the Qpid design's extension point (the virtual host housekeeping thread turned into a
+scheduled pool so "any error in their operation does not prevent them from running on their
+defined schedule"), built on APScheduler 3.x.
+
+**The snapshot pattern.** A job runs on a pool thread, never on the broker's loop. It reads the
+broker through :meth:`JobContext.snapshot`, which runs ``BrokerHandle.snapshot`` *on the loop*
+and returns an immutable :class:`~broker.policy.Snapshot`; it computes actions with pure policy
+functions; it hands them back with :meth:`JobContext.apply`, which runs
+``BrokerHandle.apply_actions`` on the loop (where the core re-checks each action still holds).
+The job itself never touches live broker objects, so it needs no locks.
+
+**Guarantees, per job** (the guard is the job's own runner, so they hold under either driver):
+
+- an exception is caught and logged with the plugin's name and the job's name; the next run
+  happens on schedule;
+- at most one run at a time (APScheduler ``max_instances=1`` plus the runner's own lock): a run
+  that is due while the previous one is still going is skipped, counted and logged, so a hung
+  job costs one pool thread, not the pool;
+- runs that were missed while the pool was busy collapse into one (``coalesce=True``) and a run
+  later than one period (rounded up to whole seconds, APScheduler's unit) is dropped, since the
+  next one is never more than a period away.
+
+With ``threads`` workers, up to ``threads - 1`` jobs can hang and the others still run.
+
+**Two drivers, one runner.** :meth:`Housekeeping.start` schedules every job on a
+``BackgroundScheduler`` with an interval trigger (real time). :meth:`Housekeeping.run_due`
+is a deterministic driver over the injected clock: it submits, to the same pool, the jobs whose
+time has come at ``clock.monotonic()``, with the same skip-if-running and coalescing rules. Why
+both: APScheduler 3 reads ``datetime.now()`` and waits on real events, so a test of "job A
+raised and still ran at its next period while job B hung" through it would sleep for periods.
+The behaviour worth testing — error isolation, skip-while-running, per-job period, per-job state
+— lives in the runner both drivers call, so the tests drive it in milliseconds with a
+:class:`~broker.clock.ManualClock`, and one test runs the real scheduler with sub-second periods.
+:meth:`Housekeeping.run_job` runs one job now, in the calling thread (admin "run now", tests).
+
+**Daemon threads.** The pool's workers are daemon threads (a small pool written here rather than
+``concurrent.futures.ThreadPoolExecutor``, whose workers the interpreter joins at exit): a job
+stuck in a plugin's code must not keep the broker process alive after shutdown.
+:meth:`Housekeeping.stop` returns within ``wait`` seconds whatever the jobs are doing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
+from apscheduler.executors.pool import BasePoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from broker.registry import JobSpec, PluginError
+
+if TYPE_CHECKING:
+    from broker.clock import Clock
+    from broker.policy import Action, Snapshot
+    from broker.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+class BrokerHandle(Protocol):
+    """What the housekeeping pool needs from the broker (``broker.app`` implements it).
+
+    ``snapshot`` and ``apply_actions`` run on the broker's loop; jobs reach them only through
+    ``call_on_loop``, which a pool thread uses.
+    """
+
+    @property
+    def clock(self) -> Clock:
+        """The broker's clock (a plain attribute satisfies this)."""
+        ...
+
+    def call_on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the broker's loop, block the calling pool thread until it ran, and
+        return its result (or raise its exception). Must raise, not block forever, once the loop
+        has stopped."""
+        ...
+
+    def snapshot(self, vhost: str | None = None) -> Snapshot:
+        """On the loop: the queues of ``vhost`` (all vhosts when ``None``) as a Snapshot."""
+        ...
+
+    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
+        """On the loop: apply ``actions`` in order; one outcome per action
+        (``"applied"``, ``"spared"`` or ``"stale"``)."""
+        ...
+
+
+class HousekeepingStopped(RuntimeError):
+    """Raised by :class:`JobContext` calls once the pool is stopping, so a job ends early."""
+
+
+class JobContext:
+    """What a job function receives; one instance per job, kept across its runs."""
+
+    __slots__ = ("_handle", "_registry", "_stopping", "clock", "name", "period", "plugin", "state")
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        plugin: str,
+        period: float,
+        handle: BrokerHandle,
+        registry: Registry,
+        stopping: threading.Event,
+    ) -> None:
+        self.name = name
+        self.plugin = plugin
+        #: seconds between runs, as resolved for this job
+        self.period = period
+        self.clock: Clock = handle.clock
+        #: kept across runs of this job (e.g. a rate policy's last ``acks_total`` per queue)
+        self.state: dict[str, Any] = {}
+        self._handle = handle
+        self._registry = registry
+        self._stopping = stopping
+
+    @property
+    def stopping(self) -> bool:
+        """True once the pool is stopping; a long job should return."""
+        return self._stopping.is_set()
+
+    def snapshot(self, vhost: str | None = None) -> Snapshot:
+        """Take a snapshot of ``vhost`` (all vhosts when ``None``) on the broker's loop."""
+        self._check()
+        handle = self._handle
+        result: Snapshot = handle.call_on_loop(handle.snapshot, vhost)
+        return result
+
+    def apply(self, actions: Iterable[Action]) -> list[str]:
+        """Have the core apply ``actions`` on the loop; returns one outcome per action.
+
+        An empty list costs nothing (no trip to the loop).
+        """
+        batch = list(actions)
+        if not batch:
+            return []
+        self._check()
+        handle = self._handle
+        outcomes: list[str] = handle.call_on_loop(handle.apply_actions, batch)
+        return outcomes
+
+    def policy(self, name: str) -> Any:
+        """The policy registered under ``name`` (by any plugin); PluginError if none is."""
+        return self._registry.policy(name)
+
+    def _check(self) -> None:
+        if self._stopping.is_set():
+            raise HousekeepingStopped(f"housekeeping is stopping; job {self.name!r} ends")
+
+
+@dataclass(slots=True)
+class JobStats:
+    """Running figures of one job, for the admin interface, metrics and tests."""
+
+    runs: int = 0
+    failures: int = 0
+    skipped: int = 0
+    last_error: str | None = None
+    last_duration: float | None = None
+
+
+class _JobRunner:
+    """Runs one job: the error isolation and the one-at-a-time rule, shared by both drivers."""
+
+    def __init__(self, spec: JobSpec, period: float, ctx: JobContext) -> None:
+        self.spec = spec
+        self.period = period
+        self.ctx = ctx
+        self.stats = JobStats()
+        self._lock = threading.Lock()
+
+    @property
+    def running(self) -> bool:
+        return self._lock.locked()
+
+    def run(self) -> bool:
+        """Run once unless already running or stopping; never raises. Returns whether it ran."""
+        if self.ctx.stopping:
+            return False  # a run queued before stop() ends here, so stop() is not held up
+        if not self._lock.acquire(blocking=False):
+            self.skip()
+            return False
+        clock = self.ctx.clock
+        started = clock.monotonic()
+        try:
+            self.spec.func(self.ctx)
+        except HousekeepingStopped:
+            pass
+        except Exception as exc:
+            self.stats.failures += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception(
+                "housekeeping job %r of plugin %r failed; it runs again in %gs",
+                self.spec.name,
+                self.spec.plugin,
+                self.period,
+            )
+        finally:
+            took = clock.monotonic() - started
+            self.stats.runs += 1
+            self.stats.last_duration = took
+            self._lock.release()
+        if took > self.period:
+            log.warning(
+                "housekeeping job %r of plugin %r took %.3fs, longer than its period %gs",
+                self.spec.name,
+                self.spec.plugin,
+                took,
+                self.period,
+            )
+        return True
+
+    def skip(self) -> None:
+        self.stats.skipped += 1
+        log.warning(
+            "housekeeping job %r of plugin %r is still running after its period %gs; "
+            "skipping this run",
+            self.spec.name,
+            self.spec.plugin,
+            self.period,
+        )
+
+
+class _Pool:
+    """A fixed pool of daemon worker threads with a ``concurrent.futures``-style ``submit``.
+
+    Also counts runs in flight so :meth:`Housekeeping.stop` can wait for them with a bound.
+    Workers start with the first ``submit``, so a pool that never ran anything holds no thread.
+    """
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._queue: queue.SimpleQueue[
+            tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None
+        ]
+        self._queue = queue.SimpleQueue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._in_flight = 0
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        self._started = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the housekeeping pool is stopped")
+            if not self._started:
+                self._started = True
+                for t in self._threads:
+                    t.start()
+            self._in_flight += 1
+        future: Future[Any] = Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args = item
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(*args))
+                    except BaseException as exc:  # noqa: BLE001 - handed to the future
+                        future.set_exception(exc)
+            finally:
+                with self._lock:
+                    self._in_flight -= 1
+                    self._idle.notify_all()
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop taking work and let the workers exit after what is queued; optionally join them.
+
+        Queued runs are not cancelled: a cancelled future would make APScheduler's done-callback
+        log a spurious error. They end at once instead, since a runner returns without calling
+        its job once the pool is stopping.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if not self._started:
+                return
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for t in self._threads:
+                t.join()
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self._lock:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout=timeout)
+
+
+class _SharedPoolExecutor(BasePoolExecutor):  # type: ignore[misc]
+    """APScheduler executor over our pool, so both drivers share one set of threads."""
+
+    def __init__(self, pool: _Pool) -> None:
+        super().__init__(pool)
+
+
+class Housekeeping:
+    """Schedules the registry's jobs on a pool of ``threads`` daemon threads.
+
+    :param registry: the jobs to run, as registered when this object is made (a job registered
+        later runs from the next ``Housekeeping``); also where :meth:`JobContext.policy` looks.
+    :param handle: the broker, for snapshots, actions and the clock.
+    :param threads: pool size (``<housekeeping><threads>``).
+    :param default_period: seconds, for jobs with neither ``period`` nor a resolvable
+        ``period_key`` (``<housekeeping><period>``).
+    :param period_for: resolves a job's ``period_key`` (e.g. ``"isolation.checkPeriod"``) to
+        seconds from the configuration, or ``None`` when the key is not configured.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        handle: BrokerHandle,
+        *,
+        threads: int = 4,
+        default_period: float = 30.0,
+        period_for: Callable[[str], float | None] | None = None,
+    ) -> None:
+        if threads < 1:
+            raise ValueError(f"housekeeping needs at least one thread, not {threads}")
+        if not default_period > 0:
+            raise ValueError(f"the housekeeping period must be positive, not {default_period}")
+        self._clock = handle.clock
+        self._stopping = threading.Event()
+        self._pool = _Pool(threads, "housekeeping")
+        self._scheduler: BackgroundScheduler | None = None
+        self._runners: dict[str, _JobRunner] = {}
+        self._next_due: dict[str, float] = {}
+        now = self._clock.monotonic()
+        for spec in registry.jobs():
+            period = _resolve_period(spec, default_period, period_for)
+            ctx = JobContext(
+                name=spec.name,
+                plugin=spec.plugin,
+                period=period,
+                handle=handle,
+                registry=registry,
+                stopping=self._stopping,
+            )
+            self._runners[spec.name] = _JobRunner(spec, period, ctx)
+            self._next_due[spec.name] = now + period
+
+    # -- introspection ----------------------------------------------------------------------------
+
+    def job_names(self) -> tuple[str, ...]:
+        return tuple(self._runners)
+
+    def period_of(self, name: str) -> float:
+        return self._runner(name).period
+
+    def stats(self, name: str) -> JobStats:
+        return self._runner(name).stats
+
+    def context(self, name: str) -> JobContext:
+        return self._runner(name).ctx
+
+    # -- drivers ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run every job at its period on a real-time APScheduler ``BackgroundScheduler``."""
+        if self._stopping.is_set():
+            raise RuntimeError("housekeeping was stopped; make a new one")
+        if self._scheduler is not None:
+            raise RuntimeError("housekeeping is already started")
+        scheduler = BackgroundScheduler(
+            executors={"default": _SharedPoolExecutor(self._pool)}, timezone="UTC"
+        )
+        for name, runner in self._runners.items():
+            scheduler.add_job(
+                runner.run,
+                IntervalTrigger(seconds=runner.period),
+                id=name,
+                name=f"{runner.spec.plugin}:{name}",
+                max_instances=1,
+                coalesce=True,
+                # APScheduler wants whole seconds here
+                misfire_grace_time=max(1, math.ceil(runner.period)),
+            )
+        scheduler.add_listener(self._on_scheduler_event, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
+        scheduler.start()
+        self._scheduler = scheduler
+        log.info(
+            "housekeeping started: %s",
+            ", ".join(f"{n} every {r.period:g}s" for n, r in self._runners.items()) or "no jobs",
+        )
+
+    def run_due(self) -> list[Future[Any]]:
+        """Submit to the pool every job due at ``clock.monotonic()``; the deterministic driver.
+
+        A job is first due one period after this object was made, then one period after each
+        time it was due. A job still running when due is skipped (and counted); runs missed
+        between two calls collapse into one.
+        """
+        if self._stopping.is_set():
+            return []
+        now = self._clock.monotonic()
+        submitted: list[Future[Any]] = []
+        for name, runner in self._runners.items():
+            due = self._next_due[name]
+            if now < due:
+                continue
+            missed = int((now - due) // runner.period)
+            self._next_due[name] = due + (missed + 1) * runner.period
+            if runner.running:
+                runner.skip()
+                continue
+            submitted.append(self._pool.submit(runner.run))
+        return submitted
+
+    def run_job(self, name: str) -> bool:
+        """Run ``name`` now in the calling thread; ``False`` if it was already running."""
+        return self._runner(name).run()
+
+    def stop(self, wait: float = 5.0) -> bool:
+        """Stop scheduling, end queued runs unstarted, and wait up to ``wait`` s for running ones.
+
+        Jobs see :attr:`JobContext.stopping` and their next ``snapshot``/``apply`` raises
+        :class:`HousekeepingStopped`. Returns whether every run finished in time; a job still
+        running after that is logged by name and left to its daemon thread.
+        """
+        self._stopping.set()
+        if self._scheduler is not None:
+            # wait=False: the scheduler's own wait would join jobs without a bound
+            self._scheduler.shutdown(wait=False)
+        else:
+            self._pool.shutdown(wait=False)
+        finished = self._pool.wait_idle(timeout=max(0.0, wait))
+        if not finished:
+            stuck = [f"{r.spec.plugin}:{n}" for n, r in self._runners.items() if r.running]
+            log.warning(
+                "housekeeping stopped with jobs still running after %gs: %s",
+                wait,
+                ", ".join(stuck),
+            )
+        return finished
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _runner(self, name: str) -> _JobRunner:
+        try:
+            return self._runners[name]
+        except KeyError:
+            raise PluginError(
+                f"no housekeeping job named {name!r}; jobs: {', '.join(self._runners) or 'none'}"
+            ) from None
+
+    def _on_scheduler_event(self, event: JobEvent) -> None:
+        runner = self._runners.get(event.job_id)
+        if runner is None:
+            return
+        if event.code == EVENT_JOB_MAX_INSTANCES:
+            runner.skip()
+        else:
+            log.info(
+                "housekeeping job %r of plugin %r missed a run (pool busy); it coalesces",
+                event.job_id,
+                runner.spec.plugin,
+            )
+
+
+def _resolve_period(
+    spec: JobSpec, default: float, period_for: Callable[[str], float | None] | None
+) -> float:
+    """Explicit ``period`` wins, then the configured ``period_key``, then the pool default."""
+    if spec.period is not None:
+        return spec.period
+    if spec.period_key is not None and period_for is not None:
+        value = period_for(spec.period_key)
+        if value is not None:
+            if not value > 0:
+                raise PluginError(
+                    f"housekeeping job {spec.name!r} of plugin {spec.plugin!r}: "
+                    f"{spec.period_key} resolves to {value!r}; a period must be positive"
+                )
+            return float(value)
+    return default
+
+
+__all__ = [
+    "BrokerHandle",
+    "Housekeeping",
+    "HousekeepingStopped",
+    "JobContext",
+    "JobStats",
+]
