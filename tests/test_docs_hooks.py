@@ -141,8 +141,8 @@ def test_example_policy_on_a_hand_built_snapshot(example: Any) -> None:
     snap = Snapshot(
         taken_at=0.0,
         queues=(
-            _queue("at-threshold", 1000, consumers),
-            _queue("backlogged", 1001, consumers),
+            _queue("at-threshold", example.THRESHOLD, consumers),
+            _queue("backlogged", example.THRESHOLD + 1, consumers),
         ),
     )
     actions = example.reduce_prefetch(snap, {}, 0.0)
@@ -153,8 +153,8 @@ def test_example_policy_on_a_hand_built_snapshot(example: Any) -> None:
     assert all(isinstance(a, SetPrefetch) and a.policy == "ReducePrefetch" for a in actions)
     assert (actions[0].threshold, actions[0].configured, actions[0].measured) == (
         "messageCount",
-        1000,
-        1001,
+        example.THRESHOLD,
+        example.THRESHOLD + 1,
     )
 
 
@@ -180,7 +180,7 @@ def test_example_plugin_loads_by_module_name_and_its_job_applies_actions(example
     host.load(["prefetch_policy"], builtins=(), entry_points=False)
     assert host.registry.policy("ReducePrefetch") is example.reduce_prefetch
     (job,) = host.registry.jobs()
-    assert (job.name, job.plugin, job.period) == ("reduce-prefetch", "prefetch_policy", 5.0)
+    assert (job.name, job.plugin, job.period) == ("reduce-prefetch", "prefetch_policy", None)
 
     broker = _Broker(Snapshot(0.0, (_queue("work", 5000, [_consumer("c", 100)]),)))
     hk = Housekeeping(host.registry, broker, threads=1)

@@ -9,7 +9,7 @@ from broker.housekeeping import JobContext
 from broker.policy import Action, SetPrefetch, Snapshot
 from broker.registry import Registrar
 
-THRESHOLD = 1000  # messages a queue may hold before its consumers' windows shrink
+THRESHOLD = 100  # messages a queue may hold before its consumers' windows shrink
 PREFETCH = 10  # the window they shrink to
 
 
@@ -35,4 +35,4 @@ def check(ctx: JobContext) -> None:
 @hookimpl
 def broker_register(registry: Registrar) -> None:
     registry.register_policy("ReducePrefetch", reduce_prefetch)
-    registry.register_job("reduce-prefetch", check, period=5.0)
+    registry.register_job("reduce-prefetch", check)  # every <housekeeping><period>
