@@ -35,6 +35,7 @@ from broker.policy import (
     ReleaseConsumer,
     SetPrefetch,
     Snapshot,
+    Spared,
 )
 from broker.store import MemoryStore
 
@@ -107,6 +108,9 @@ class Broker:
         """Run deferred work on ``loop``: turn batching and the single timer wake-up."""
         self.loop = loop
         self._loop_thread = threading.get_ident()
+        bind = getattr(self.store, "bind_loop", None)
+        if bind is not None:
+            bind(loop)
         self._timer_handle: asyncio.TimerHandle | None = None
         self._timer_due: float | None = None
         self.timers.on_earliest_changed = self._arm_timer
@@ -234,6 +238,7 @@ class Broker:
                 ex_type = getattr(getattr(ex, "inner", None), "type", ex_type)
             bindings.append((ex_name, ex_type, key))
         q.policy = vc.resolve(q.name, bindings)
+        q.view_static = None
         iso = q.policy.get("isolation") if hasattr(q.policy, "get") else None
         cap = getattr(iso, "max_unacked_per_consumer", None)
         if cap:
@@ -365,27 +370,48 @@ class Broker:
 
         return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout=30)
 
-    def snapshot(self, vhost: str | None = None) -> Snapshot:
-        """Every queue's running figures and consumers: O(queues + consumers)."""
+    def snapshot(self, vhost: str | None = None, section: str | None = None) -> Snapshot:
+        """Every queue's running figures and consumers: O(queues + consumers).
+
+        :param section: only queues whose resolved policy has this section (e.g. ``"consumer"``).
+        """
         views = []
+        view = self.queue_view
         vhosts = [self.vhosts[vhost]] if vhost is not None else list(self.vhosts.values())
         for vh in vhosts:
             for q in vh.queues.values():
-                views.append(self.queue_view(q))
+                if section is None or section in q.policy:
+                    views.append(view(q))
         return Snapshot(self.clock.monotonic(), tuple(views))
 
-    def queue_view(self, q: Queue) -> QueueView:
-        consumers = tuple(
-            ConsumerView(c.tag, c.channel.connection_id, c.channel.id, c.unacked, c.last_ack,
-                         c.first_delivery, c.isolated, c.prefetch, c.no_ack)
-            for c in q.consumers)
-        return QueueView(
-            vhost=q.vhost.name, name=q.name, durable=q.durable, auto_delete=q.auto_delete,
-            exclusive=q.exclusive_owner is not None, subscription_type=q.subscription_type,
-            message_count=len(q.held), message_bytes=q.bytes, ready_count=len(q.ready),
-            unacked_count=q.unacked_count, oldest_arrival=q.oldest_arrival,
-            acks_total=q.acks_total, consumers=consumers, bindings=tuple(q.bindings()),
-            policy=q.policy, getters=tuple(q.getters))
+    def queue_view(self, q: Queue, _cv: Any = ConsumerView, _qv: Any = QueueView,
+                   _new: Any = tuple.__new__) -> QueueView:
+        """A read-only view of one queue. Cost: a few attribute loads plus one per consumer.
+
+        The fields that change only with topology or configuration are cached on the queue
+        (``view_static``, dropped whenever its policy is resolved again); the view is that
+        cache joined with the live figures, built with ``tuple.__new__`` (a named tuple's own
+        ``__new__`` is a Python-level call).
+        """
+        static = q.view_static
+        if static is None:
+            static = q.view_static = (
+                (q.vhost.name, q.name, q.durable, q.auto_delete, q.exclusive_owner is not None,
+                 q.subscription_type),
+                (tuple([(b.source.name, b.source.type, b.routing_key)
+                        for b in q.bound.values()]), q.policy))
+        held = q.held
+        n = len(held)
+        n_ready = len(q.ready)
+        cs = q.consumers
+        consumers = tuple([
+            _cv(c.tag, c.channel.connection_id, c.channel.id, c.unacked, c.last_ack,
+                c.first_delivery, c.isolated, c.prefetch, c.no_ack)
+            for c in cs]) if cs else ()
+        return _new(_qv, static[0] + (
+            n, q.bytes, n_ready, n - n_ready - q.delayed,
+            held[next(iter(held))].arrival if n else None, q.acks_total, consumers,
+        ) + static[1] + ((tuple(q.getters),) if q.getters else ((),)))
 
     def apply_actions(self, actions: Iterable[Action]) -> list[str]:
         """Apply policy actions on the loop, re-checking each; returns each one's outcome."""
@@ -410,9 +436,14 @@ class Broker:
                 + (f" {a.threshold} configured {a.configured:g} measured {a.measured:g}"
                    if a.threshold and a.configured is not None and a.measured is not None
                    else ""))
+        if q is not None:
+            what += f" consumers [{', '.join(c.tag for c in q.consumers)}]"
         if isinstance(a, LogOnly):
             policy_log.warning("%s: would act (%s) [log only]", what, a.reason)
             return "logged"
+        if isinstance(a, Spared):
+            policy_log.warning("%s: spared: %s", what, a.reason)
+            return "spared"
         if q is None or q.deleted:
             return "stale"
         if isinstance(a, CloseConsumerChannels):

@@ -850,6 +850,14 @@ class Sections(Mapping[str, object]):
     def __len__(self) -> int:
         return len(self._items)
 
+    # Mapping's own get/__contains__ go through __getitem__ and an exception; these are on the
+    # housekeeping path once per queue per check, so answer from the dict directly.
+    def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
+        return self._items.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._items!r})"
 

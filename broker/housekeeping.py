@@ -85,8 +85,9 @@ class BrokerHandle(Protocol):
         has stopped."""
         ...
 
-    def snapshot(self, vhost: str | None = None) -> Snapshot:
-        """On the loop: the queues of ``vhost`` (all vhosts when ``None``) as a Snapshot."""
+    def snapshot(self, vhost: str | None = None, section: str | None = None) -> Snapshot:
+        """On the loop: the queues of ``vhost`` (all vhosts when ``None``) as a Snapshot; with
+        ``section``, only queues whose resolved policy has that section (e.g. ``"consumer"``)."""
         ...
 
     def apply_actions(self, actions: Sequence[Action]) -> list[str]:
@@ -130,11 +131,16 @@ class JobContext:
         """True once the pool is stopping; a long job should return."""
         return self._stopping.is_set()
 
-    def snapshot(self, vhost: str | None = None) -> Snapshot:
-        """Take a snapshot of ``vhost`` (all vhosts when ``None``) on the broker's loop."""
+    def snapshot(self, vhost: str | None = None, section: str | None = None) -> Snapshot:
+        """Take a snapshot of ``vhost`` (all vhosts when ``None``) on the broker's loop.
+
+        :param section: only queues whose resolved policy has this section element (a policy
+            job asks for its own section, so queues it cannot act on cost it nothing).
+        """
         self._check()
         handle = self._handle
-        result: Snapshot = handle.call_on_loop(handle.snapshot, vhost)
+        result: Snapshot = (handle.call_on_loop(handle.snapshot, vhost) if section is None
+                            else handle.call_on_loop(handle.snapshot, vhost, section))
         return result
 
     def apply(self, actions: Iterable[Action]) -> list[str]:

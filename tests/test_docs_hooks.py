@@ -16,7 +16,7 @@ from broker.clock import ManualClock
 from broker.hookimpl import PROJECT_NAME
 from broker.housekeeping import Housekeeping
 from broker.pluginhost import BLOCK_ENV, PluginHost, hookspec_names
-from broker.policy import Action, ConsumerView, QueueView, SetPrefetch, Snapshot
+from broker.policy import Action, Breach, ConsumerView, QueueView, SetPrefetch, Snapshot, Trigger
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -130,7 +130,7 @@ def _queue(name: str, count: int, consumers: Sequence[ConsumerView]) -> QueueVie
     )
 
 
-def test_example_policy_on_a_hand_built_snapshot(example: Any) -> None:
+def test_example_policy_on_a_trigger(example: Any) -> None:
     consumers = [
         _consumer("unlimited", 0),
         _consumer("wide", 50),
@@ -138,14 +138,9 @@ def test_example_policy_on_a_hand_built_snapshot(example: Any) -> None:
         _consumer("narrow", 5),
         _consumer("autoack", 0, no_ack=True),
     ]
-    snap = Snapshot(
-        taken_at=0.0,
-        queues=(
-            _queue("at-threshold", example.THRESHOLD, consumers),
-            _queue("backlogged", example.THRESHOLD + 1, consumers),
-        ),
-    )
-    actions = example.reduce_prefetch(snap, {}, 0.0)
+    q = _queue("backlogged", example.THRESHOLD + 1, consumers)
+    breach = Breach("messageCount", example.THRESHOLD, example.THRESHOLD + 1)
+    actions = example.reduce_prefetch(Trigger(q, (breach,), {}, 0.0, "ReducePrefetch"))
     assert [(a.queue, a.consumer_tag, a.prefetch) for a in actions] == [
         ("backlogged", "unlimited", 10),
         ("backlogged", "wide", 10),
@@ -156,6 +151,26 @@ def test_example_policy_on_a_hand_built_snapshot(example: Any) -> None:
         example.THRESHOLD,
         example.THRESHOLD + 1,
     )
+
+
+def test_example_job_acts_only_on_queues_over_the_threshold(example: Any) -> None:
+    consumers = [_consumer("c", 0)]
+    snap = Snapshot(
+        taken_at=0.0,
+        queues=(
+            _queue("at-threshold", example.THRESHOLD, consumers),
+            _queue("backlogged", example.THRESHOLD + 1, consumers),
+        ),
+    )
+    broker = _Broker(snap)
+    host = PluginHost()
+    host.load(["prefetch_policy"], builtins=(), entry_points=False)
+    hk = Housekeeping(host.registry, broker, threads=1)
+    try:
+        assert hk.run_job("reduce-prefetch") is True
+    finally:
+        hk.stop(wait=1.0)
+    assert [(a.queue, a.consumer_tag) for a in broker.applied] == [("backlogged", "c")]
 
 
 class _Broker:

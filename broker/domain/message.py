@@ -73,8 +73,9 @@ class Message:
 
     @property
     def decoded(self) -> dict[str, Any]:
-        """All properties, decoded (slow path)."""
-        return props_codec.decode(self.properties)
+        """All properties, decoded (slow path); never fails for a queued message (a headers
+        table nobody read on publish may be garbage: see ``decode_lenient``)."""
+        return props_codec.decode_lenient(self.properties)
 
     @property
     def message_id(self) -> str | None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 from broker.domain.message import Message
 
 if TYPE_CHECKING:
+    from broker.domain.exchange import Binding
     from broker.domain.timers import TimerHandle
     from broker.domain.vhost import VirtualHost
 
@@ -89,49 +90,30 @@ class Consumer:
         return f"<Consumer {self.tag!r} on {self.queue.name!r} unacked={self.unacked}>"
 
 
-class _Ready:
-    """FIFO of ready messages."""
+class _Ready(deque):  # type: ignore[type-arg]
+    """FIFO of ready messages: a deque, so ``len``, ``append`` and ``popleft`` stay in C."""
 
-    __slots__ = ("_d",)
-
-    def __init__(self) -> None:
-        self._d: deque[Message] = deque()
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def append(self, m: Message) -> None:
-        self._d.append(m)
-
-    def popleft(self) -> Message:
-        return self._d.popleft()
+    __slots__ = ()
 
     def peek(self) -> Message | None:
-        return self._d[0] if self._d else None
+        return self[0] if self else None
 
     def requeue(self, msgs: list[Message]) -> None:
         """Put messages back at the front, oldest first."""
-        d = self._d
         for m in sorted(msgs, key=lambda m: m.id, reverse=True):
-            d.appendleft(m)
+            self.appendleft(m)
 
     def put_front(self, msgs: list[Message]) -> None:
         """Put messages back at the front in the order given."""
-        self._d.extendleft(reversed(msgs))
+        self.extendleft(reversed(msgs))
 
     def drain(self) -> list[Message]:
-        out = list(self._d)
-        self._d.clear()
+        out = list(self)
+        self.clear()
         return out
 
-    def __iter__(self) -> Iterator[Message]:
-        return iter(self._d)
 
-    def remove(self, m: Message) -> None:
-        self._d.remove(m)
-
-
-class _PriorityReady(_Ready):
+class _PriorityReady:
     """Ready messages by priority (``x-max-priority``): highest first, FIFO within a level."""
 
     __slots__ = ("_levels", "_n", "_max")
@@ -184,6 +166,9 @@ class _PriorityReady(_Ready):
     def __iter__(self) -> Iterator[Message]:
         return (m for level in reversed(self._levels) for m in level)
 
+    def __bool__(self) -> bool:
+        return self._n > 0
+
     def remove(self, m: Message) -> None:
         self._level(m).remove(m)
         self._n -= 1
@@ -205,7 +190,7 @@ class Queue:
         self.arguments = arguments or {}
         self.subscription_type = subscription_type
         self.max_priority = max_priority
-        self.ready: _Ready = _PriorityReady(max_priority) if max_priority else _Ready()
+        self.ready: Any = _PriorityReady(max_priority) if max_priority else _Ready()
         #: every message the queue holds, oldest first (ready, unacked and delayed)
         self.held: OrderedDict[int, Message] = OrderedDict()
         self.bytes = 0
@@ -234,6 +219,12 @@ class Queue:
         self._key_owner: dict[str, Consumer] = {}
         self.dirty = False
         self.max_unacked_per_consumer = DEFAULT_MAX_UNACKED_PER_CONSUMER
+        #: the bindings to this queue (kept by the vhost), so that a snapshot and a delete cost
+        #: O(bindings of this queue), not O(all bindings)
+        self.bound: dict[int, Binding] = {}
+        #: the parts of a snapshot view that change only with topology or configuration,
+        #: cached by the broker when it resolves the queue's policy (None: not cached)
+        self.view_static: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
 
     # ----------------------------------------------------------------- figures
 
@@ -257,7 +248,8 @@ class Queue:
         return held[next(iter(held))].arrival
 
     def bindings(self) -> list[tuple[str, str, str]]:
-        return self.vhost.bindings_of(self)
+        """``(exchange, exchange_type, key)`` for each binding of this queue."""
+        return [(b.source.name, b.source.type, b.routing_key) for b in self.bound.values()]
 
     # ----------------------------------------------------------------- messages
 
@@ -345,6 +337,8 @@ class Queue:
         """Keep a rejected message invisible for ``delay`` seconds, then requeue it."""
         msg.redelivered = True
         self.delayed += 1
+        if msg.stored:
+            self.vhost.store.hold_message(self, msg, delay)
         self.vhost.timers.call_later(delay, self.make_visible, msg)
 
     def get(self) -> Message | None:
@@ -526,7 +520,10 @@ class Queue:
 
     def key_of(self, m: Message) -> str:
         if m._hoff >= 0:
-            k = m.headers.get("x-key")
+            try:
+                k = m.headers.get("x-key")
+            except ValueError:  # PropertiesError: a headers table nobody read on publish
+                k = None
             if k is not None:
                 return k if isinstance(k, str) else str(k)
         return m.routing_key
@@ -539,7 +536,9 @@ class Queue:
             best = -1
             for cand in self.consumers:
                 w = int.from_bytes(hashlib.blake2b(
-                    f"{key}\x00{cand.channel.connection_id}\x00{cand.tag}".encode(),
+                    # surrogatepass: header strings may hold lone surrogates (py-amqp decodes so)
+                    f"{key}\x00{cand.channel.connection_id}\x00{cand.tag}".encode(
+                        "utf-8", "surrogatepass"),
                     digest_size=8).digest(), "big")
                 if w > best:
                     best, c = w, cand

@@ -63,6 +63,13 @@ def next_message_id() -> int:
     return next(_ids)
 
 
+def advance_message_ids(floor: int) -> None:
+    """Make :func:`next_message_id` continue above ``floor`` (ids recovered from the store)."""
+    global _ids
+    current = next(_ids)
+    _ids = itertools.count(max(current, floor + 1))
+
+
 def _int_arg(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ChannelError(PRECONDITION_FAILED,
@@ -218,7 +225,7 @@ class VirtualHost:
             return ex
         if type_ == DELAYED_TYPE:
             inner = arguments.get("x-delayed-type")
-            if inner not in EXCHANGE_TYPES:
+            if not isinstance(inner, str) or inner not in EXCHANGE_TYPES:  # may be a table
                 raise ChannelError(PRECONDITION_FAILED,
                                    "x-delayed-message exchange needs argument x-delayed-type: "
                                    "direct, fanout, topic or headers", sig)
@@ -277,8 +284,14 @@ class VirtualHost:
             return q, False
         if q is not None:
             self._check_owner(q, owner, sig)
+            if (q.exclusive_owner is not None) != exclusive:
+                # RabbitMQ checks exclusivity strictly on redeclare: 405, not 406
+                raise ChannelError(RESOURCE_LOCKED,
+                                   f"cannot obtain exclusive access to locked queue '{name}' in "
+                                   f"vhost '{self.name}'. It could be originally declared on "
+                                   "another connection or the exclusive property value does "
+                                   "not match that of the original declaration.", sig)
             for field_, mine, theirs in (("durable", q.durable, durable),
-                                         ("exclusive", q.exclusive_owner is not None, exclusive),
                                          ("auto_delete", q.auto_delete, auto_delete)):
                 if mine != theirs:
                     raise ChannelError(PRECONDITION_FAILED,
@@ -351,8 +364,8 @@ class VirtualHost:
         q.deleted = True
         count = q.ready_count
         self.queues.pop(q.name, None)
-        for ex in list(self.exchanges.values()):
-            for b in ex.unbind_destination(q):
+        for b in list(q.bound.values()):
+            if b.source.unbind(q, b.routing_key, b.arguments) is not None:
                 self._binding_gone(b, notify_queue=False)
         for c in q.iter_consumers():
             q.consumers.remove(c)
@@ -382,6 +395,8 @@ class VirtualHost:
             self.store.save_binding(self.name, source.name, kind, dest.name, routing_key,
                                     arguments)
         if isinstance(dest, Queue):
+            dest.bound[id(b)] = b
+            dest.view_static = None
             if self.on_topology_change is not None:
                 self.on_topology_change(dest)
             h = self.hooks.queue_bound
@@ -403,6 +418,9 @@ class VirtualHost:
             kind = "queue" if isinstance(dest, Queue) else "exchange"
             self.store.delete_binding(self.name, b.source.name, kind, dest.name, b.routing_key,
                                       b.arguments)
+        if isinstance(dest, Queue):
+            dest.bound.pop(id(b), None)
+            dest.view_static = None
         if isinstance(dest, Queue) and notify_queue:
             if self.on_topology_change is not None:
                 self.on_topology_change(dest)
@@ -415,12 +433,7 @@ class VirtualHost:
             self.delete_exchange(src.name)
 
     def bindings_of(self, q: Queue) -> list[tuple[str, str, str]]:
-        out = []
-        for ex in self.exchanges.values():
-            for b in ex.bindings.values():
-                if b.destination is q:
-                    out.append((ex.name, ex.type, b.routing_key))
-        return out
+        return q.bindings()
 
     # ----------------------------------------------------------------- routing
 
@@ -489,14 +502,23 @@ class VirtualHost:
     def hold_delayed(self, ex: DelayedExchange, msg: Message, delay: float) -> None:
         """Keep a message for an x-delayed-message exchange until its x-delay passes."""
         self.delayed_pending += 1
+        if msg.persistent and ex.durable and self.store.durable:
+            msg.stored = True
+            self.store.add_delayed(self.name, ex, msg, delay)
         self.timers.call_later(delay, self._release_delayed, ex, msg)
 
     def _release_delayed(self, ex: DelayedExchange, msg: Message) -> None:
         self.delayed_pending -= 1
+        held_on_disk = msg.stored
+        msg.stored = False
         if self.exchanges.get(ex.name) is not ex:
+            if held_on_disk:
+                self.store.remove_delayed(self.name, msg)
             return
         msg.arrival = self.clock.monotonic()
         self.deliver_to_queues(self.route(ex, msg), msg)
+        if held_on_disk:  # after the enqueue: a crash in between duplicates, never loses
+            self.store.remove_delayed(self.name, msg)
 
     # ----------------------------------------------------------------- removal paths
 

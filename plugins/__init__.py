@@ -1,0 +1,4 @@
+"""plugbroker's built-in plugins, one module each, on the same hooks third parties use.
+
+They are listed in :data:`broker.pluginhost.BUILTIN_PLUGINS`.
+"""

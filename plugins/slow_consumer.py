@@ -1,0 +1,158 @@
+"""Slow-consumer policy (the Qpid Java broker design): a queue whose backlog passes a threshold
+has its consumers' channels closed with 506 ``Consuming too slow.`` and is deleted.
+
+Detection is a housekeeping job over a snapshot, so each check costs O(queues + consumers):
+
+* depth: bytes of every message body the queue holds (ready and delivered-unacked);
+* messageCount: how many messages it holds;
+* messageAge: age of its oldest message (an empty queue has age 0);
+* consumptionRate: acks per second since the previous check, judged only while messages wait
+  (a queue with nothing ready is never "slow").
+
+Any configured threshold that is exceeded triggers the ``<policy name>`` of the ``<consumer>``
+element: ``Delete`` (close channels with 506, then delete the queue; a durable queue only with
+option ``delete-persistent=true``), ``Log`` (a dry run), or any policy another plugin registered.
+A policy is a callable ``policy(trigger) -> list[Action]`` (see :class:`broker.policy.Trigger`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping
+
+from broker.errors import RESOURCE_ERROR, SLOW_CONSUMER_TEXT
+from broker.hookimpl import hookimpl
+from broker.policy import (
+    Action,
+    Breach,
+    CloseConsumerChannels,
+    DeleteQueue,
+    LogOnly,
+    QueueView,
+    Snapshot,
+    Spared,
+    Trigger,
+)
+
+log = logging.getLogger("plugins.slow_consumer")
+
+JOB_NAME = "slow-consumer"
+
+
+def measure(cfg: Any, queue: QueueView, now: float,
+            previous: tuple[int, float] | None) -> tuple[Breach, ...]:
+    """The thresholds of ``cfg`` (a ``<consumer>`` section) that ``queue`` exceeds.
+
+    :param previous: ``(acks_total, taken_at)`` from the previous check of this queue, for the
+        consumption rate; None on the first check (rate not judged yet).
+    """
+    out: list[Breach] = []
+    if cfg.depth is not None and queue.message_bytes > cfg.depth:
+        out.append(Breach("depth", cfg.depth, queue.message_bytes))
+    if cfg.message_count is not None and queue.message_count > cfg.message_count:
+        out.append(Breach("messageCount", cfg.message_count, queue.message_count))
+    if cfg.message_age is not None:
+        age = queue.age(now)
+        if age > cfg.message_age:
+            out.append(Breach("messageAge", cfg.message_age, round(age, 3)))
+    if cfg.consumption_rate is not None and previous is not None and queue.ready_count > 0:
+        acks, then = previous
+        elapsed = now - then
+        if elapsed > 0 and queue.acks_total >= acks:
+            rate = (queue.acks_total - acks) / elapsed
+            if rate < cfg.consumption_rate:
+                out.append(Breach("consumptionRate", cfg.consumption_rate, round(rate, 3)))
+    return tuple(out)
+
+
+def evaluate(snapshot: Snapshot, state: dict[Any, Any],
+             policy_for: Callable[[str], Callable[[Trigger], list[Action]]]) -> list[Action]:
+    """Check every queue a ``<consumer>`` element applies to; return the policies' actions.
+
+    ``state["rates"]`` keeps each queue's ``(acks_total, taken_at)`` from the previous check
+    (for the consumption rate); it is rebuilt each time, so queues that are gone drop out and
+    it stays O(queues). A healthy queue costs a handful of comparisons: :func:`measure`, which
+    builds the :class:`Breach` records, runs only for a queue that is over a threshold.
+    """
+    now = snapshot.taken_at
+    actions: list[Action] = []
+    previous: dict[tuple[str, str], tuple[int, float]] = state.get("rates", {})
+    rates: dict[tuple[str, str], tuple[int, float]] = {}
+    for q in snapshot.queues:
+        pol = q.policy
+        cfg = pol.get("consumer") if pol else None
+        if cfg is None:
+            continue
+        key = (q.vhost, q.name)
+        acks = q.acks_total
+        rates[key] = (acks, now)
+        prev = previous.get(key)
+        depth = cfg.depth
+        count = cfg.message_count
+        max_age = cfg.message_age
+        floor = cfg.consumption_rate
+        oldest = q.oldest_arrival
+        over = ((depth is not None and q.message_bytes > depth)
+                or (count is not None and q.message_count > count)
+                or (max_age is not None and oldest is not None and now - oldest > max_age))
+        if not over and floor is not None and prev is not None and q.ready_count:
+            elapsed = now - prev[1]
+            over = elapsed > 0 and acks >= prev[0] and (acks - prev[0]) / elapsed < floor
+        if not over:
+            continue
+        breaches = measure(cfg, q, now, prev)
+        ref = cfg.policy
+        trigger = Trigger(queue=q, breaches=breaches, options=dict(ref.options), now=now,
+                          policy=ref.name)
+        actions.extend(policy_for(ref.name)(trigger))
+    state["rates"] = rates
+    return actions
+
+
+# --------------------------------------------------------------------------- built-in policies
+
+
+def delete_policy(trigger: Trigger) -> list[Action]:
+    """Close every consuming (or polling) channel with 506, then delete the queue.
+
+    A durable queue (a durable subscription) is spared unless ``delete-persistent`` is true:
+    disconnecting its consumer would leave it bound and filling, which is worse.
+    """
+    q = trigger.queue
+    fields = trigger.action_fields()
+    if q.durable and not _flag(trigger.options, "delete-persistent"):
+        fields["reason"] = (f"{trigger.reason}; durable queue kept, option delete-persistent "
+                            "is not true")
+        return [Spared(**fields)]
+    return [CloseConsumerChannels(**fields, code=RESOURCE_ERROR, text=SLOW_CONSUMER_TEXT),
+            DeleteQueue(**fields)]
+
+
+def log_policy(trigger: Trigger) -> list[Action]:
+    """Detect and record only: a dry run before enabling Delete."""
+    return [LogOnly(**trigger.action_fields())]
+
+
+def _flag(options: Mapping[str, str], name: str) -> bool:
+    return (options.get(name) or "").strip().lower() in ("true", "1", "yes", "on")
+
+
+def check(ctx: Any) -> None:
+    """The housekeeping job: snapshot on the loop, evaluate here, apply on the loop."""
+    cache: dict[str, Callable[[Trigger], list[Action]]] = {}
+
+    def policy_for(name: str) -> Callable[[Trigger], list[Action]]:
+        if name not in cache:
+            cache[name] = ctx.policy(name)
+        return cache[name]
+
+    actions = evaluate(ctx.snapshot(section="consumer"), ctx.state, policy_for)
+    if actions:
+        ctx.apply(actions)
+
+
+@hookimpl(trylast=True)
+def broker_register(registry: Any) -> None:
+    registry.register_policy("Delete", delete_policy)
+    registry.register_policy("Log", log_policy)
+    registry.register_job(JOB_NAME, check)

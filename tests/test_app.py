@@ -1,0 +1,107 @@
+"""The Broker object without sockets: policy resolution follows bindings, reload, actions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.app import Broker
+from broker.clock import ManualClock
+from broker.config import parse_config
+from broker.policy import CloseConsumerChannels, DeleteQueue, LogOnly, SetPrefetch
+
+CONFIG = """<broker><virtualhost name="/">
+  <exchange name="orders" type="topic"/>
+  <queue name="named"><consumer><messageCount>5</messageCount><policy name="Log"/></consumer></queue>
+  <topic key="stocks.us.*">
+    <consumer><messageCount>50</messageCount><policy name="Delete"/></consumer>
+  </topic>
+  <topic key="orders.#" exchange="orders">
+    <consumer><depth>1KB</depth><policy name="Log"/></consumer>
+  </topic>
+</virtualhost></broker>"""
+
+
+@pytest.fixture
+def broker() -> Broker:
+    return Broker(parse_config(CONFIG), clock=ManualClock())
+
+
+def consumer_of(q):
+    return q.policy.get("consumer")
+
+
+def test_queue_policy_by_name_applies_at_declare(broker):
+    q, _ = broker.vhosts["/"].declare_queue("named")
+    assert consumer_of(q).message_count == 5
+
+
+def test_topic_policy_follows_bind_unbind_and_rebind(broker):
+    vh = broker.vhosts["/"]
+    q, _ = vh.declare_queue("sub")
+    assert consumer_of(q) is None
+    topic = vh.exchanges["amq.topic"]
+    vh.bind(topic, q, "stocks.us.ibm", {})
+    assert consumer_of(q).message_count == 50
+    vh.unbind(topic, q, "stocks.us.ibm", {})
+    assert consumer_of(q) is None
+    vh.bind(vh.exchanges["orders"], q, "orders.eu.new", {})
+    assert consumer_of(q).depth == 1024
+    # a matching key on a direct exchange is not a topic subscription
+    q2, _ = vh.declare_queue("direct-sub")
+    vh.bind(vh.exchanges["amq.direct"], q2, "stocks.us.ibm", {})
+    assert consumer_of(q2) is None
+
+
+def test_reload_applies_to_running_queues(broker):
+    vh = broker.vhosts["/"]
+    q, _ = vh.declare_queue("named")
+    broker.reload(parse_config(CONFIG.replace("<messageCount>5<", "<messageCount>7<")))
+    assert consumer_of(q).message_count == 7
+
+
+def test_runner_reload_refuses_an_invalid_file_and_keeps_the_running_config(tmp_path: Path):
+    import asyncio
+
+    from broker.runner import start_broker
+
+    path = tmp_path / "b.xml"
+    path.write_text(CONFIG.replace("<broker>", '<broker><listen host="127.0.0.1" port="0"/>'))
+
+    async def scenario() -> None:
+        running = await start_broker(path, port=0)
+        try:
+            q, _ = running.broker.vhosts["/"].declare_queue("named")
+            path.write_text(CONFIG.replace("<messageCount>5<", "<messageCount>ten<"))
+            assert running.reload() is False
+            assert consumer_of(q).message_count == 5
+            path.write_text(CONFIG.replace("<messageCount>5<", "<messageCount>9<"))
+            assert running.reload() is True
+            assert consumer_of(q).message_count == 9
+        finally:
+            await running.stop()
+
+    asyncio.run(scenario())
+
+
+def test_actions_are_rechecked_before_they_apply(broker):
+    vh = broker.vhosts["/"]
+    vh.declare_queue("q")
+    outcomes = broker.apply_actions([
+        LogOnly(vhost="/", queue="q", policy="Log", reason="dry run"),
+        SetPrefetch(vhost="/", queue="q", policy="P", reason="r", consumer_tag="nobody"),
+        DeleteQueue(vhost="/", queue="q", policy="Delete", reason="r"),
+        CloseConsumerChannels(vhost="/", queue="q", policy="Delete", reason="r"),
+    ])
+    assert outcomes == ["logged", "stale", "applied", "stale"]
+    assert "q" not in vh.queues
+
+
+def test_snapshot_is_running_figures(broker):
+    vh = broker.vhosts["/"]
+    q, _ = vh.declare_queue("named")
+    snap = broker.snapshot()
+    [view] = [v for v in snap.queues if v.name == "named"]
+    assert (view.message_count, view.message_bytes, view.oldest_arrival) == (0, 0, None)
+    assert view.policy["consumer"].message_count == 5
