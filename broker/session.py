@@ -124,6 +124,8 @@ class Channel:
         else:
             self.unacked[tag] = (msg, queue, consumer)
             consumer.unacked += 1
+            if msg.stored and not msg.redelivered:
+                queue.vhost.store.delivered(queue, msg)
         conn = self.conn
         conn.out.append(conn.codec.encode_deliver(
             self.id, consumer.tag_bytes, tag, msg.redelivered, msg.exchange.encode(),
@@ -656,6 +658,10 @@ class Connection:
             return
         now = self.clock.monotonic()
         hb = self.heartbeat
+        if self.blocked:
+            # we stopped reading from it (resource alarm): its heartbeats sit unread, so
+            # the missed-heartbeat check pauses meanwhile (as RabbitMQ's does)
+            self.last_recv = now
         if now - self.last_recv > 2 * hb:
             log.warning("connection %s (%s) dropped: no frame from the client for %.1f s "
                         "(heartbeat %d s)", self.id, self.peer, now - self.last_recv, hb)
@@ -862,6 +868,8 @@ class Connection:
             q.settle(m)
         else:
             ch.unacked[tag] = (m, q, None)
+            if m.stored and not m.redelivered:
+                q.vhost.store.delivered(q, m)
         self.out.append(self.codec.encode_method(
             ch.id, "basic.get_ok", tag, m.redelivered, m.exchange, m.routing_key, q.ready_count))
         self.out.append(self.codec.encode_content(ch.id, m.body_size, m.delivery_properties(),
@@ -948,6 +956,10 @@ class Connection:
     def _publish(self, ch: Channel, ev: Publish) -> None:
         if ev.immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true is not supported", (60, 40))
+        if self.broker.alarm is not None and not self.blocked:
+            # first publish during a resource alarm: stop reading from this publisher too
+            self.blocked = True
+            self.transport.pause_reading()
         if ch.tx:
             ch.tx_ops.append(("publish", ev))
             return
@@ -974,14 +986,20 @@ class Connection:
         if ch.confirm:
             ch.publish_seq += 1
             seq = ch.publish_seq
-        if ex.type == "x-delayed-message":
-            delay = DelayedExchange.delay_of(msg)
-            if delay > 0:
-                vh.hold_delayed(ex, msg, delay)  # type: ignore[arg-type]
-                if seq:
+        try:  # headers are decoded only here, when an exchange needs them
+            delay = DelayedExchange.delay_of(msg) if ex.type == "x-delayed-message" else 0.0
+            queues = vh.route(ex, msg) if delay <= 0 else []
+        except PropertiesError as exc:
+            raise ChannelError(PRECONDITION_FAILED, str(exc), (60, 40)) from None
+        if delay > 0:
+            vh.hold_delayed(ex, msg, delay)  # type: ignore[arg-type]
+            if seq:
+                if msg.stored:  # held on disk by a durable exchange: confirm once written
+                    vh.store.after_durable(
+                        lambda: self._confirm(ch, seq) if not ch.closing else None)
+                else:
                     self.send(ch.id, "basic.ack", seq, False)
-                return
-        queues = vh.route(ex, msg)
+            return
         h = self.broker.hooks.message_published
         if h is not None:
             h(vhost=vh.name, exchange=ev.exchange, routing_key=ev.routing_key, message=msg,

@@ -144,6 +144,9 @@ def lookup(class_id: int, method_id: int) -> MethodSpec:
 def decode_args(spec: MethodSpec, payload: bytes | memoryview, offset: int = 4) -> tuple[Any, ...]:
     """Decode a method's arguments; a short or overlong payload is a 502 SYNTAX_ERROR."""
     if not spec.fmt:
+        if len(payload) != offset:
+            raise ConnectionError_(
+                SYNTAX_ERROR, f"trailing bytes after the arguments of {spec.name}", spec.sig)
         return ()
     try:
         values, end = loads(spec.fmt, payload, offset)
@@ -153,7 +156,25 @@ def decode_args(spec: MethodSpec, payload: bytes | memoryview, offset: int = 4) 
             spec.sig) from None
     if end > len(payload):
         raise ConnectionError_(SYNTAX_ERROR, f"truncated arguments for {spec.name}", spec.sig)
+    if end < len(payload):
+        raise ConnectionError_(
+            SYNTAX_ERROR, f"trailing bytes after the arguments of {spec.name}", spec.sig)
+    if "F" in spec.fmt and not all(_text_keys(v) for v in values):
+        # py-amqp hands back a field name that is not UTF-8 as bytes; the spec says UTF-8
+        raise ConnectionError_(
+            SYNTAX_ERROR, f"a field name in the arguments of {spec.name} is not UTF-8 (or "
+            "tables nest more than 100 deep)", spec.sig)
     return tuple(values)
+
+
+def _text_keys(v: Any, depth: int = 0) -> bool:
+    """Every field name in a (nested) table is a str."""
+    if isinstance(v, dict):
+        return depth < 100 and all(
+            isinstance(k, str) and _text_keys(x, depth + 1) for k, x in v.items())
+    if isinstance(v, list):
+        return depth < 100 and all(_text_keys(x, depth + 1) for x in v)
+    return True
 
 
 def encode_args(spec: MethodSpec, args: tuple[Any, ...] | list[Any]) -> bytes:

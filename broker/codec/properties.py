@@ -28,6 +28,10 @@ _CORRELATION_ID = 1 << 10
 _REPLY_TO = 1 << 9
 _EXPIRATION = 1 << 8
 _MESSAGE_ID = 1 << 7
+_TIMESTAMP = 1 << 6
+#: type, user_id, app_id, cluster_id
+_REST_SHORTSTRS = (1 << 5, 1 << 4, 1 << 3, 1 << 2)
+_REST = _MESSAGE_ID | _TIMESTAMP | (1 << 5) | (1 << 4) | (1 << 3) | (1 << 2)
 
 
 class PropertiesError(ValueError):
@@ -53,6 +57,8 @@ def peek(raw: bytes) -> tuple[int, int, str | None, int]:
         if flags & _HEADERS:
             hoff = p
             p += 4 + _U32.unpack_from(raw, p)[0]
+            if p > len(raw):
+                raise IndexError("headers table runs past the end of the properties")
         mode = 0
         if flags & _DELIVERY_MODE:
             mode = raw[p]
@@ -61,16 +67,28 @@ def peek(raw: bytes) -> tuple[int, int, str | None, int]:
         if flags & _PRIORITY:
             prio = raw[p]
             p += 1
+        if flags & _CORRELATION_ID:
+            p += 1 + raw[p]
+        if flags & _REPLY_TO:
+            p += 1 + raw[p]
         expiration = None
         if flags & _EXPIRATION:
-            if flags & _CORRELATION_ID:
-                p += 1 + raw[p]
-            if flags & _REPLY_TO:
-                p += 1 + raw[p]
             n = raw[p]
-            expiration = raw[p + 1:p + 1 + n].decode()
-            if len(expiration) != n:
+            exp_raw = raw[p + 1:p + 1 + n]
+            if len(exp_raw) != n:  # compare bytes, not characters
                 raise IndexError
+            expiration = exp_raw.decode()
+            p += 1 + n
+        if flags & _REST:  # message_id .. cluster_id: not read here, but they must fit
+            if flags & _MESSAGE_ID:
+                p += 1 + raw[p]
+            if flags & _TIMESTAMP:
+                p += 8
+            for bit in _REST_SHORTSTRS:
+                if flags & bit:
+                    p += 1 + raw[p]
+        if p > len(raw):
+            raise IndexError("property list runs past the end of the content header")
         return mode, prio, expiration, hoff
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise PropertiesError(f"content header properties are malformed: {exc}") from None
@@ -96,6 +114,30 @@ def decode(raw: bytes) -> dict[str, Any]:
     return props
 
 
+def decode_lenient(raw: bytes) -> dict[str, Any]:
+    """:func:`decode` for properties already accepted by :func:`peek`, which never fails.
+
+    Peek does not read the headers table's contents (nor check that short strings are UTF-8),
+    so a message can be queued with properties that do not decode. Its redelivery or
+    dead-lettering, which re-encode them, must not fail: a headers table that does not decode
+    is left out, and if the rest still does not decode only what peek read is kept.
+    """
+    try:
+        return decode(raw)
+    except PropertiesError:
+        pass
+    mode, prio, exp, hoff = peek(raw)
+    if hoff >= 0:
+        end = hoff + 4 + _U32.unpack_from(raw, hoff)[0]
+        flags = _U16.unpack_from(raw, 0)[0] & ~_HEADERS
+        try:
+            return decode(_U16.pack(flags) + raw[2:hoff] + raw[end:])
+        except PropertiesError:
+            pass
+    props = {"delivery_mode": mode or None, "priority": prio or None, "expiration": exp}
+    return {k: v for k, v in props.items() if v is not None}
+
+
 def encode(props: dict[str, Any]) -> bytes:
     """Raw property bytes for a dict in :func:`decode`'s shape."""
     msg = _AmqpMessage()
@@ -110,6 +152,6 @@ def expiration_ms(value: str | None) -> int | None:
     """
     if value is None:
         return None
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # str.isdigit() also takes "²" and "٣"
         raise PropertiesError(f"invalid expiration value {value!r}: must be a non-negative integer")
     return int(value)

@@ -44,6 +44,17 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
+    # called only for stored messages (``msg.stored``) or durable delayed holds
+    def delivered(self, queue: Queue, msg: Message) -> None: ...
+
+    def hold_message(self, queue: Queue, msg: Message, delay: float) -> None: ...
+
+    def add_delayed(self, vhost: str, exchange: Exchange, msg: Message, delay: float) -> None: ...
+
+    def remove_delayed(self, vhost: str, msg: Message) -> None: ...
+
+    def bind_loop(self, loop: Any) -> None: ...
+
 
 class MemoryStore:
     """Keeps nothing: every call returns at once and confirms are immediate."""
@@ -83,4 +94,19 @@ class MemoryStore:
         callback()
 
     def close(self) -> None:
+        pass
+
+    def delivered(self, queue: Any, msg: Any) -> None:
+        pass
+
+    def hold_message(self, queue: Any, msg: Any, delay: float) -> None:
+        pass
+
+    def add_delayed(self, vhost: str, exchange: Any, msg: Any, delay: float) -> None:
+        pass
+
+    def remove_delayed(self, vhost: str, msg: Any) -> None:
+        pass
+
+    def bind_loop(self, loop: Any) -> None:
         pass
