@@ -326,7 +326,7 @@ class Broker:
             for tag, (msg, q, cons) in list(unacked.items()):
                 if cons is c:
                     del unacked[tag]
-                    ch.moved[tag] = (msg, q)  # type: ignore[attr-defined]
+                    ch.moved[tag] = (msg, q, c)  # type: ignore[attr-defined]
                     moved.append(msg)
             c.unacked = 0
         if moved:

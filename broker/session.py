@@ -101,7 +101,7 @@ class Channel:
         self.tx_ops: list[tuple[str, Any]] = []
         self.closing = False
         #: delivery tags whose messages were taken back from an isolated consumer
-        self.moved: dict[int, tuple[Message, Queue]] = {}
+        self.moved: dict[int, tuple[Message, Queue, Consumer]] = {}
         self._hooks = conn.broker.hooks
 
     # ------------------------------------------------------------ ConsumerChannel
@@ -154,9 +154,13 @@ class Channel:
             h(vhost=self.vhost.name, queue=c.queue.name, consumer_tag=c.tag,
               connection_id=self.connection_id, channel_id=self.id, reason=reason)
 
-    def settle_tags(self, tag: int, multiple: bool, sig: tuple[int, int]) -> list[
-            tuple[Message, Queue, Consumer | None]]:
-        """Take the unacked entries an ack/nack/reject names (406 for an unknown tag)."""
+    def settle_tags(self, tag: int, multiple: bool, sig: tuple[int, int], ack: bool = True
+                    ) -> list[tuple[Message, Queue, Consumer | None]]:
+        """Take the unacked entries an ack/nack/reject names (406 for an unknown tag).
+
+        Tags of messages taken back from an isolated consumer (``moved``) are accepted
+        without error; see :meth:`_late_settle`.
+        """
         unacked = self.unacked
         if multiple:
             if tag == 0:
@@ -169,21 +173,29 @@ class Channel:
                 raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", sig)
             out = [unacked.pop(t) for t in tags]
             for t in [t for t in self.moved if tag == 0 or t <= tag]:
-                self._late_settle(t)
+                self._late_settle(t, ack)
             return out
         entry = unacked.pop(tag, None)
         if entry is None:
             if tag in self.moved:
-                self._late_settle(tag)
+                self._late_settle(tag, ack)
                 return []
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", sig)
         return [entry]
 
-    def _late_settle(self, tag: int) -> None:
-        """An ack for a message taken back from this (isolated) consumer: if nobody got it
-        yet, it counts as acked; otherwise the other consumer's copy stands."""
-        msg, queue = self.moved.pop(tag)
-        if not queue.deleted and msg.id in queue.held:
+    def _late_settle(self, tag: int, ack: bool) -> None:
+        """An ack/nack/reject for a message taken back from this (isolated) consumer.
+
+        It is a sign of life: the consumer's ack clock restarts and it leaves the blocklist.
+        For an ack, a message nobody has received yet counts as acked and is not delivered
+        again; one already redelivered stays with its new consumer. A nack or reject changes
+        nothing more, the message was requeued already.
+        """
+        msg, queue, consumer = self.moved.pop(tag)
+        consumer.last_ack = self.conn.clock.monotonic()
+        if consumer.isolated:
+            self.conn.broker.release_consumer(consumer, "acked" if ack else "rejected")
+        if ack and not queue.deleted and msg.id in queue.held:
             try:
                 queue.ready.remove(msg)
             except ValueError:
@@ -929,7 +941,7 @@ class Connection:
 
     def _reject(self, ch: Channel, tag: int, multiple: bool, requeue: bool,
                 sig: tuple[int, int]) -> None:
-        entries = ch.settle_tags(tag, multiple, sig)
+        entries = ch.settle_tags(tag, multiple, sig, ack=False)
         if requeue and len(entries) > 1:
             # each requeue goes to the front: newest first leaves the oldest at the head
             entries.reverse()

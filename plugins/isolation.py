@@ -1,0 +1,109 @@
+"""Ack-timeout isolation of abnormal consumers on shared queues (the TDMQ for Pulsar design).
+
+A consumer whose processing is stuck (a blocked disk, a hung call) keeps its connection, so the
+broker keeps feeding it and its messages sit unacknowledged. This plugin finds such consumers
+from running figures the core keeps for every consumer (its last ack, nack or reject, and how
+many messages it holds unacked) and asks the core to isolate them:
+
+1. a consumer holding unacked messages whose last ack is older than ``ackTimeout`` (its clock
+   starts at its first delivery) is put on the queue's blocklist and all its unacked messages
+   are requeued, redelivered, to the other consumers;
+2. a blocklisted consumer gets no more deliveries;
+3. it leaves the blocklist when it acks, nacks or rejects anything, or disconnects (the core
+   does that at once, it is not a policy decision);
+4. at most ``floor(maxIsolatedRatio x consumers)`` consumers of a queue are isolated at once
+   (0.6 by default), so a fault that blocks everyone cannot starve the queue completely.
+
+Isolation applies to ``shared`` queues only: never to ``key_shared`` (its key order would
+break), ``exclusive`` or ``failover`` (there is no other consumer to hand the messages to).
+The check runs every ``checkPeriod`` (the shortest configured), so a consumer is isolated no
+later than ``ackTimeout + checkPeriod`` after its last ack; it costs O(queues + consumers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.domain.queue import SHARED
+from broker.hookimpl import hookimpl
+from broker.policy import Action, IsolateConsumer, QueueView, Snapshot, Spared
+
+JOB_NAME = "isolation"
+POLICY = "Isolation"
+
+
+def stuck_since(consumer: Any) -> float | None:
+    """When the consumer's ack clock started: its last ack, else its first delivery."""
+    return consumer.last_ack if consumer.last_ack is not None else consumer.first_delivery
+
+
+def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:
+    """The isolations one shared queue needs now, within its cap."""
+    consumers = q.consumers
+    timeout = cfg.ack_timeout
+    overdue = []
+    for c in consumers:
+        if c.isolated or c.unacked <= 0:
+            continue
+        since = stuck_since(c)
+        if since is not None and now - since > timeout:
+            overdue.append((since, c))
+    if not overdue:
+        return []
+    overdue.sort(key=lambda pair: pair[0])  # the longest silent first
+    cap = cfg.max_isolated(len(consumers))
+    room = cap - sum(1 for c in consumers if c.isolated)
+    actions: list[Action] = []
+    for since, c in overdue[:max(room, 0)]:
+        actions.append(IsolateConsumer(
+            vhost=q.vhost, queue=q.name, policy=POLICY,
+            reason=f"no ack for {now - since:.3f} s with {c.unacked} unacked",
+            threshold="ackTimeout", configured=timeout, measured=round(now - since, 3),
+            consumer_tag=c.tag, connection_id=c.connection_id))
+    for since, c in overdue[max(room, 0):]:
+        actions.append(Spared(
+            vhost=q.vhost, queue=q.name, policy=POLICY,
+            reason=(f"consumer {c.tag} (connection {c.connection_id}) is over its ack timeout "
+                    f"but the cap held: {cap} of {len(consumers)} consumers may be isolated "
+                    f"(maxIsolatedRatio {cfg.max_isolated_ratio:g})"),
+            threshold="ackTimeout", configured=timeout, measured=round(now - since, 3)))
+    return actions
+
+
+def evaluate(snapshot: Snapshot, state: dict[Any, Any] | None = None) -> list[Action]:
+    """All isolations the snapshot calls for. Pure: the same function runs in the backtest.
+
+    With ``state`` (kept across checks), a consumer held back by the cap is reported once, not
+    at every check, until it is isolated, recovers or leaves.
+    """
+    now = snapshot.taken_at
+    actions: list[Action] = []
+    reported: set[tuple[str, str, str]] = state.get("capped", set()) if state is not None \
+        else set()
+    still: set[tuple[str, str, str]] = set()
+    for q in snapshot.queues:
+        pol = q.policy
+        cfg = pol.get("isolation") if pol else None
+        if cfg is None or q.subscription_type != SHARED:
+            continue
+        for a in evaluate_queue(q, cfg, now):
+            if isinstance(a, Spared):
+                key = (q.vhost, q.name, a.reason.split(" ", 2)[1])
+                still.add(key)
+                if key in reported:
+                    continue
+            actions.append(a)
+    if state is not None:
+        state["capped"] = still
+    return actions
+
+
+def check(ctx: Any) -> None:
+    actions = evaluate(ctx.snapshot(section="isolation"), ctx.state)
+    if actions:
+        ctx.apply(actions)
+
+
+@hookimpl(trylast=True)
+def broker_register(registry: Any) -> None:
+    registry.register_job(JOB_NAME, check, period_key="isolation.checkPeriod")

@@ -1,0 +1,205 @@
+"""Ack-timeout isolation end to end with kombu: the seed's scheme, with sub-second timeouts."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import kombu
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ISOLATION = ("<isolation><ackTimeout>300ms</ackTimeout><checkPeriod>100ms</checkPeriod>"
+             "{extra}</isolation>")
+
+
+def config(extra: str = "", subscription: str = "shared") -> str:
+    return (f'<queue name="work" subscription="{subscription}">'
+            f'{ISOLATION.format(extra=extra)}</queue>')
+
+
+class Worker:
+    """A kombu consumer on its own connection; ``acks`` decides whether its handler acks."""
+
+    def __init__(self, url: str, name: str, queue: str = "work", *, acks: bool = True,
+                 prefetch: int = 5, arguments: dict | None = None) -> None:
+        self.name = name
+        self.acks = acks
+        self.conn = kombu.Connection(url)
+        self.got: list[kombu.Message] = []
+        q = kombu.Queue(queue, routing_key=queue, durable=False, auto_delete=False,
+                        queue_arguments=arguments or {})
+        self.consumer = self.conn.Consumer(q, callbacks=[self._on], prefetch_count=prefetch)
+        self.consumer.consume()
+
+    def _on(self, body: object, message: kombu.Message) -> None:
+        self.got.append(message)
+        if self.acks:
+            message.ack()
+
+    def drain(self, seconds: float = 0.05) -> None:
+        try:
+            self.conn.drain_events(timeout=seconds)
+        except TimeoutError:
+            pass
+
+    def bodies(self) -> list[int]:
+        return [m.payload for m in self.got]
+
+    def close(self) -> None:
+        self.conn.release()
+
+
+def run_until(workers: list[Worker], cond: Callable[[], bool], timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for w in workers:
+            w.drain(0.02)
+        if cond():
+            return True
+    return False
+
+
+def publish(url: str, bodies: range, queue: str = "work") -> None:
+    with kombu.Connection(url) as conn:
+        p = conn.Producer()
+        for i in bodies:
+            p.publish(i, routing_key=queue)
+
+
+def isolated(b, queue: str = "work") -> list[str]:
+    return b.call(lambda: [c.tag for c in b.broker.vhosts["/"].queues[queue].consumers
+                           if c.isolated])
+
+
+@pytest.fixture
+def workers():
+    made: list[Worker] = []
+    yield made
+    for w in made:
+        w.close()
+
+
+def test_scheme_1_2_3_stuck_consumer_isolated_its_messages_moved_then_released(
+        broker_factory, workers):
+    b = broker_factory(config())
+    stuck = Worker(b.url(), "stuck", acks=False)
+    ok1, ok2 = Worker(b.url(), "ok1"), Worker(b.url(), "ok2")
+    workers += [stuck, ok1, ok2]
+    publish(b.url(), range(30))
+    # point 1: the stuck one holds its prefetch; after ackTimeout + checkPeriod it is
+    # isolated and the others receive its messages, redelivered
+    assert run_until(workers, lambda: sorted(ok1.bodies() + ok2.bodies()) == list(range(30)))
+    held = stuck.bodies()
+    assert len(held) == 5
+    assert isolated(b) == [stuck.got[0].delivery_info["consumer_tag"]]
+    moved = [m for m in ok1.got + ok2.got if m.payload in held]
+    assert len(moved) == 5 and all(m.delivery_info["redelivered"] for m in moved)
+    # point 2: no more deliveries to it
+    publish(b.url(), range(30, 40))
+    assert run_until(workers, lambda: len(ok1.got) + len(ok2.got) == 40)
+    assert len(stuck.got) == 5
+    # point 3: it acks (a moved message: accepted, no channel error) and leaves the blocklist
+    stuck.got[0].ack()
+    assert run_until(workers, lambda: not isolated(b), timeout=1.0)
+    stuck.acks = True
+    publish(b.url(), range(40, 70))
+    assert run_until(workers, lambda: len(stuck.got) > 5)
+    assert all(m.payload >= 40 for m in stuck.got[5:])
+
+
+def test_scheme_3_disconnecting_also_releases(broker_factory, workers, caplog):
+    caplog.set_level(logging.INFO, logger="broker.policy")
+    b = broker_factory(config())
+    stuck, ok = Worker(b.url(), "stuck", acks=False), Worker(b.url(), "ok")
+    workers += [ok]
+    publish(b.url(), range(10))
+    assert run_until([stuck, ok], lambda: len(isolated(b)) == 1)
+    stuck.close()
+    assert run_until([ok], lambda: b.call(
+        lambda: len(b.broker.vhosts["/"].queues["work"].consumers)) == 1)
+    assert any("released" in r.getMessage() and "disconnected" in r.getMessage()
+               for r in caplog.records)
+    assert run_until([ok], lambda: sorted(ok.bodies()) == list(range(10)))
+
+
+def test_scheme_4_with_two_consumers_both_stuck_only_one_is_isolated(broker_factory, workers,
+                                                                      caplog):
+    caplog.set_level(logging.INFO, logger="broker.policy")
+    b = broker_factory(config())
+    a, c = Worker(b.url(), "a", acks=False), Worker(b.url(), "c", acks=False)
+    workers += [a, c]
+    publish(b.url(), range(10))
+    assert run_until(workers, lambda: len(isolated(b)) == 1)
+    run_until(workers, lambda: False, timeout=0.6)  # several more checks
+    assert len(isolated(b)) == 1  # floor(0.6 x 2) = 1
+    assert any("cap held" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("subscription", ["key_shared", "exclusive"])
+def test_key_shared_and_exclusive_queues_are_never_isolated(broker_factory, workers,
+                                                            subscription):
+    b = broker_factory(f'<queue name="work" subscription="{subscription}"/>'
+                       + ISOLATION.format(extra=""))  # isolation as the vhost default
+    first = Worker(b.url(), "a", acks=False)
+    workers.append(first)
+    if subscription == "key_shared":
+        workers.append(Worker(b.url(), "b", acks=False))
+    publish(b.url(), range(10))
+    run_until(workers, lambda: False, timeout=0.8)  # ackTimeout passes, checks run
+    assert isolated(b) == []
+    # all ten share one key, so one consumer owns them: it holds its five, nothing moved
+    assert sum(len(w.got) for w in workers) == 5
+    assert not any(m.delivery_info["redelivered"] for w in workers for m in w.got)
+
+
+def test_a_consumer_that_never_gets_a_message_is_never_isolated(broker_factory, workers):
+    b = broker_factory(config())
+    idle, other = Worker(b.url(), "idle", acks=False), Worker(b.url(), "other", acks=False)
+    workers += [idle, other]
+    run_until(workers, lambda: False, timeout=0.8)
+    assert isolated(b) == []
+
+
+def test_late_ack_of_a_moved_message_not_yet_redelivered_counts_as_acked(broker_factory,
+                                                                          workers):
+    b = broker_factory(config())
+    stuck = Worker(b.url(), "stuck", acks=False, prefetch=3)
+    busy = Worker(b.url(), "busy", acks=False, prefetch=3)  # holds its own three, acks none
+    workers += [stuck, busy]
+    publish(b.url(), range(6))
+    assert run_until(workers, lambda: len(stuck.got) == 3 and len(busy.got) == 3)
+    busy.got[0].ack()  # busy stays alive; stuck does not
+    assert run_until(workers, lambda: isolated(b) == [stuck.got[0].delivery_info[
+        "consumer_tag"]])
+    # the moved messages wait: busy's window is full
+    ready = b.call(lambda: b.broker.vhosts["/"].queues["work"].ready_count)
+    assert ready == 2 or ready == 3
+    late = stuck.got[1]
+    late.ack()  # no channel error, and the message is not delivered again
+    assert run_until(workers, lambda: not isolated(b), timeout=1.0)
+    for m in busy.got[1:]:
+        m.ack()
+    busy.acks = True
+    run_until(workers, lambda: False, timeout=0.5)
+    redelivered = [m.payload for m in busy.got[3:]]
+    assert late.payload not in redelivered
+    assert stuck.conn.default_channel.is_open
+
+
+def test_unacked_cap_holds_with_unlimited_prefetch(broker_factory, workers):
+    b = broker_factory(config("<maxUnackedPerConsumer>10</maxUnackedPerConsumer>"))
+    w = Worker(b.url(), "greedy", acks=False, prefetch=0)
+    workers.append(w)
+    publish(b.url(), range(40))
+    run_until(workers, lambda: len(w.got) >= 10, timeout=1.0)
+    run_until(workers, lambda: False, timeout=0.2)
+    assert len(w.got) == 10
+    for m in w.got[:4]:
+        m.ack()
+    run_until(workers, lambda: False, timeout=0.2)
+    assert len(w.got) == 10  # 6 unacked: above half, still held back
+    w.got[4].ack()
+    assert run_until(workers, lambda: len(w.got) == 15, timeout=1.0)  # 5 left: refilled to 10
