@@ -239,6 +239,11 @@ class Broker:
             bindings.append((ex_name, ex_type, key))
         q.policy = vc.resolve(q.name, bindings)
         q.view_static = None
+        limit = None
+        hl = self.hooks.delivery_limit
+        if hl is not None:
+            limit = hl(vhost=q.vhost.name, queue=q.name)
+        q.delivery_limit = limit if limit is not None else q.delivery_limit_arg
         iso = q.policy.get("isolation") if hasattr(q.policy, "get") else None
         cap = getattr(iso, "max_unacked_per_consumer", None)
         if cap:
@@ -294,6 +299,12 @@ class Broker:
             vh.dead_letter_or_drop(q, msg, "rejected")
 
     def _requeue_one(self, q: Queue, msg: Message, delay: float) -> None:
+        limit = q.delivery_limit
+        if limit is not None and msg.delivery_count + 1 > limit:
+            msg.delivery_count += 1
+            q.settle(msg)
+            q.vhost.dead_letter_or_drop(q, msg, "delivery_limit")
+            return
         if delay > 0:
             msg.delivery_count += 1
             q.hold_back(msg, delay)

@@ -788,6 +788,10 @@ class BackoffConfig:
         return f"backoff {self.type}({params})"
 
 
+#: placeholders a <queueTemplate> may use
+DLQ_TEMPLATE_FIELDS = ("queue", "exchange", "vhost")
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetterConfig:
     """``<deadLetter>``: redelivery limit, dead-letter queue, retry queue, nack backoff."""
@@ -799,9 +803,14 @@ class DeadLetterConfig:
     retry: RetryConfig | None = None
     backoff: BackoffConfig | None = None
 
-    def dlq_name(self, queue: str) -> str:
-        """The dead-letter queue for ``queue`` (PIP-22: ``<name>-DLQ`` unless given)."""
-        return self.queue or self.queue_template.format(queue=queue)
+    def dlq_name(self, queue: str, exchange: str = "", vhost: str = "/") -> str:
+        """The dead-letter queue for ``queue`` (PIP-22: ``<name>-DLQ`` unless given).
+
+        ``{exchange}`` in the template is the exchange the message was first published to
+        (``amq.default`` for the default exchange), like Pulsar's ``<topic>-<subscription>-DLQ``.
+        """
+        return self.queue or self.queue_template.format(
+            queue=queue, exchange=exchange or "amq.default", vhost=vhost)
 
     def describe(self, queue: str | None = None) -> str:
         dlq = self.queue or (self.queue_template if queue is None else self.dlq_name(queue))
@@ -1954,11 +1963,12 @@ class _Loader:
                     template_el,
                     f"{template!r} is not a valid template: {exc}",
                 ) from None
-            bad = [f for f in fields if f != "queue"]
+            bad = [f for f in fields if f not in DLQ_TEMPLATE_FIELDS]
             if bad:
                 raise self.err(
                     template_el,
-                    f"{template!r} uses {{{bad[0]}}}; the only placeholder is {{queue}}",
+                    f"{template!r} uses {{{bad[0]}}}; the placeholders are "
+                    + ", ".join(f"{{{f}}}" for f in DLQ_TEMPLATE_FIELDS),
                 )
         retry_el = el.find("retry")
         backoff_el = el.find("backoff")

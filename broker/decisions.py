@@ -6,8 +6,9 @@ without touching the plugin machinery.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 RejectKind = Literal["requeue", "dead-letter", "drop"]
 _KINDS: frozenset[str] = frozenset(("requeue", "dead-letter", "drop"))
@@ -38,4 +39,23 @@ class RejectDecision:
             raise ValueError(f"RejectDecision.delay must be >= 0, not {self.delay!r}")
 
 
-__all__ = ["RejectDecision", "RejectKind"]
+@dataclass(frozen=True, slots=True)
+class DeadLetterTarget:
+    """Where a dead-lettered message goes (``broker_dead_letter_target``).
+
+    :param exchange: the exchange to publish the dead letter to (``""``, the default exchange,
+        with ``routing_key`` set to a queue name, sends it straight to that queue).
+    :param routing_key: its routing key.
+    :param headers: extra headers for the dead letter (e.g. ``REAL_TOPIC``); the core adds
+        RabbitMQ's ``x-death`` record itself.
+    :param declare_queue: a queue to declare (durable) first if it does not exist, for a
+        dead-letter queue that is created on first use.
+    """
+
+    exchange: str
+    routing_key: str
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    declare_queue: str | None = None
+
+
+__all__ = ["DeadLetterTarget", "RejectDecision", "RejectKind"]

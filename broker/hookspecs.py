@@ -32,7 +32,7 @@ from broker.hookimpl import PROJECT_NAME
 if TYPE_CHECKING:
     from broker.app import Broker
     from broker.config import BrokerConfig, ConfigElementRegistry
-    from broker.decisions import RejectDecision
+    from broker.decisions import DeadLetterTarget, RejectDecision
     from broker.policy import Action
     from broker.registry import Registrar
 
@@ -524,6 +524,42 @@ def broker_redelivery_delay(
         when none is configured).
 
     Called on the loop once per requeue. firstresult: the first non-``None`` result is used.
+    """
+
+
+@hookspec(firstresult=True)
+def broker_delivery_limit(vhost: str, queue: str) -> int | None:
+    """Choose how many redeliveries a queue's messages get before they are dead-lettered.
+
+    :param vhost: the virtual host.
+    :param queue: the queue.
+    :return: the largest delivery count a message may reach by being requeued (by a nack or
+        reject with requeue, a channel or connection closing, basic.recover or isolation);
+        the requeue that would pass it dead-letters the message with reason
+        ``delivery_limit`` instead. ``None`` for no limit (or the ``x-delivery-limit`` queue
+        argument when the client gave one).
+
+    Called on the loop when a queue's policy is resolved (declare, bind, unbind, reload), not
+    per message. firstresult: the first non-``None`` result is used.
+    """
+
+
+@hookspec(firstresult=True)
+def broker_dead_letter_target(
+    vhost: str, queue: str, message: MessageView, reason: str
+) -> DeadLetterTarget | None:
+    """Choose where a dead-lettered message goes, and what it carries.
+
+    :param vhost: the virtual host.
+    :param queue: the queue the message dies in.
+    :param message: the message; read-only.
+    :param reason: ``"rejected"``, ``"expired"``, ``"maxlen"`` or ``"delivery_limit"``.
+    :return: a :class:`broker.decisions.DeadLetterTarget` (exchange, routing key, extra headers,
+        and a durable queue to declare first if missing), or ``None`` for the queue's
+        ``x-dead-letter-exchange`` argument (or a drop when it has none).
+
+    Called on the loop once per dead-lettered message. The core adds RabbitMQ's ``x-death``
+    record either way. firstresult: the first non-``None`` result is used.
     """
 
 

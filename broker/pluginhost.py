@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 #: Module names of the built-in plugins, registered before any other plugin through the same
 #: hooks third parties use. Their hookimpls should use ``@hookimpl(trylast=True)`` so that a
 #: user's plugin runs first and wins firstresult decisions.
-BUILTIN_PLUGINS: tuple[str, ...] = ("plugins.slow_consumer", "plugins.isolation")
+BUILTIN_PLUGINS: tuple[str, ...] = ("plugins.slow_consumer", "plugins.isolation", "plugins.dead_letter",
+                                     "plugins.journal")
 
 #: Entry point group under which installed distributions announce plugin modules.
 ENTRY_POINT_GROUP = "plugbroker.plugins"
@@ -68,6 +69,21 @@ _PREFIX = "broker_"
 
 #: Hooks the host calls itself instead of exposing an attribute for the core.
 HOST_CALLED_HOOKS: frozenset[str] = frozenset({"broker_register"})
+
+
+#: a plugin module that keeps state per broker defines this: the host registers what it returns
+#: (a fresh object for each plugin host) instead of the module itself
+FACTORY_NAME = "make_plugin"
+
+
+def instantiate(plugin: object) -> object:
+    """The object to register for a loaded plugin: ``plugin.make_plugin()`` when a module
+    defines it (state per broker, e.g. several brokers in one test process), else ``plugin``."""
+    if inspect.ismodule(plugin):
+        factory = getattr(plugin, FACTORY_NAME, None)
+        if callable(factory):
+            return factory()
+    return plugin
 
 
 def hookspec_names() -> tuple[str, ...]:
@@ -118,6 +134,8 @@ class PluginHost:
     reject_decision: HookCaller | None
     select_consumer: HookCaller | None
     redelivery_delay: HookCaller | None
+    delivery_limit: HookCaller | None
+    dead_letter_target: HookCaller | None
     policy_action: HookCaller | None
 
     def __init__(self, *, blocked: Iterable[str] = ()) -> None:
@@ -225,6 +243,9 @@ class PluginHost:
                 config_registry.register_policy(name)
             except ValueError:
                 log.debug("policy %r is built into the config loader", name)
+        for name in self.registry.backoff_names():
+            if not config_registry.has_backoff(name):
+                config_registry.register_backoff(name)
 
     def verify_policies(self, config: Any) -> None:
         """Refuse a configuration whose ``<policy name>`` nobody registered.
@@ -257,7 +278,7 @@ class PluginHost:
                 f"plugin module {modname!r} named in {origin} could not be imported: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        return self._register(module, modname, f"named in {origin}")
+        return self._register(instantiate(module), modname, f"named in {origin}")
 
     def _load_entry_points(self) -> Iterator[str]:
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -276,7 +297,7 @@ class PluginHost:
                 raise PluginError(
                     f"plugin {where} could not be loaded: {type(exc).__name__}: {exc}"
                 ) from exc
-            if (got := self._register(plugin, ep.name, where)) is not None:
+            if (got := self._register(instantiate(plugin), ep.name, where)) is not None:
                 yield got
 
     def _register(self, plugin: object, name: str, origin: str) -> str | None:

@@ -65,6 +65,7 @@ class Registry:
     def __init__(self) -> None:
         self._policies: dict[str, PolicyEntry] = {}
         self._jobs: dict[str, JobSpec] = {}
+        self._backoffs: dict[str, PolicyEntry] = {}
 
     # -- registration -----------------------------------------------------------------------------
 
@@ -117,6 +118,34 @@ class Registry:
             )
         self._jobs[name] = JobSpec(name, plugin, func, period, period_key)
 
+    def register_backoff(self, name: str, factory: Callable[[dict[str, str]], Any], *,
+                         plugin: str = CORE) -> None:
+        """Make ``<backoff type="{name}">`` usable: ``factory(params)`` gets the element's
+        ``<param name value>`` pairs as strings and returns an object whose
+        ``next(redelivery_count) -> seconds`` gives the delay (PIP-106's interface).
+
+        :raises PluginError: empty, non-callable or already registered (naming both plugins).
+        """
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"plugin {plugin!r} registered a backoff with an empty name")
+        if not callable(factory):
+            raise PluginError(f"plugin {plugin!r} registered backoff {name!r} with {factory!r}, "
+                              "which is not callable")
+        if (seen := self._backoffs.get(name)) is not None:
+            raise PluginError(f"backoff {name!r} is registered twice: by plugin {seen.plugin!r} "
+                              f"and by plugin {plugin!r}")
+        self._backoffs[name] = PolicyEntry(name, plugin, factory)
+
+    def backoff(self, name: str) -> Callable[[dict[str, str]], Any]:
+        entry = self._backoffs.get(name)
+        if entry is None:
+            raise PluginError(f"backoff {name!r} is not registered by any plugin (registered: "
+                              f"{', '.join(sorted(self._backoffs)) or 'none'})")
+        return entry.policy
+
+    def backoff_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._backoffs))
+
     def for_plugin(self, plugin: str) -> Registrar:
         """The view handed to ``plugin``'s ``broker_register`` hook."""
         return Registrar(self, plugin)
@@ -125,6 +154,7 @@ class Registry:
         """Forget everything ``plugin`` registered (on unregister, or when its load failed)."""
         self._policies = {k: v for k, v in self._policies.items() if v.plugin != plugin}
         self._jobs = {k: v for k, v in self._jobs.items() if v.plugin != plugin}
+        self._backoffs = {k: v for k, v in self._backoffs.items() if v.plugin != plugin}
 
     # -- lookup -----------------------------------------------------------------------------------
 
@@ -186,6 +216,11 @@ class Registrar:
         self._registry.register_job(
             name, func, period=period, period_key=period_key, plugin=self.plugin
         )
+
+    def register_backoff(self, name: str, factory: Callable[[dict[str, str]], Any]) -> None:
+        """Make ``<backoff type="{name}">`` usable; ``factory(params)`` returns an object with
+        ``next(redelivery_count) -> seconds``."""
+        self._registry.register_backoff(name, factory, plugin=self.plugin)
 
 
 def unknown_policy_message(name: str, known: tuple[str, ...], where: str = "") -> str:

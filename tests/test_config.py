@@ -357,7 +357,7 @@ def test_ratio_out_of_range() -> None:
         (
             "<deadLetter><queueTemplate>{name}-DLQ</queueTemplate></deadLetter>",
             "queueTemplate",
-            "only placeholder is {queue}",
+            "the placeholders are {queue}, {exchange}, {vhost}",
         ),
         ("<deadLetter><queue>q</queue></deadLetter>", "deadLetter", "would be the queue itself"),
         ('<consumer><policy name="Delete"/></consumer>', "consumer", "sets no threshold"),

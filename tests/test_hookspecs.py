@@ -88,9 +88,17 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     "broker_reject_decision": ("vhost", "queue", "message", "requeue", "delivery_count"),
     "broker_select_consumer": ("vhost", "queue", "message", "consumers"),
     "broker_redelivery_delay": ("vhost", "queue", "message", "delivery_count"),
+    "broker_delivery_limit": ("vhost", "queue"),
+    "broker_dead_letter_target": ("vhost", "queue", "message", "reason"),
     "broker_policy_action": ("action", "outcome"),
 }
-FIRSTRESULT = {"broker_reject_decision", "broker_select_consumer", "broker_redelivery_delay"}
+FIRSTRESULT = {
+    "broker_reject_decision",
+    "broker_select_consumer",
+    "broker_redelivery_delay",
+    "broker_delivery_limit",
+    "broker_dead_letter_target",
+}
 
 
 def _spec(name: str) -> object:
@@ -206,4 +214,4 @@ def test_decisions_module_does_not_need_pluggy() -> None:
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    assert imported == {"__future__", "dataclasses", "typing"}
+    assert imported == {"__future__", "collections.abc", "dataclasses", "typing"}

@@ -29,6 +29,10 @@ SUBSCRIPTION_TYPES = (SHARED, EXCLUSIVE, FAILOVER, KEY_SHARED)
 DEFAULT_MAX_UNACKED_PER_CONSUMER = 50_000
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 class ConsumerChannel(Protocol):
     """What a queue needs from the channel a consumer lives on."""
 
@@ -181,7 +185,9 @@ class Queue:
                  max_priority: int | None = None, message_ttl: int | None = None,
                  expires: int | None = None, max_length: int | None = None,
                  max_length_bytes: int | None = None, overflow: str = "drop-head",
-                 dlx: str | None = None, dlx_routing_key: str | None = None) -> None:
+                 dlx: str | None = None, dlx_routing_key: str | None = None,
+                 delivery_limit: int | None = None, retry_target: str | None = None,
+                 retry_levels: tuple[float, ...] = ()) -> None:
         self.vhost = vhost
         self.name = name
         self.durable = durable
@@ -209,6 +215,14 @@ class Queue:
         self.overflow = overflow
         self.dlx = dlx
         self.dlx_routing_key = dlx_routing_key
+        #: the ``x-delivery-limit`` argument; :attr:`delivery_limit` is what applies (a plugin's
+        #: ``broker_delivery_limit`` answer wins, see Broker.resolve_policy)
+        self.delivery_limit_arg = delivery_limit
+        self.delivery_limit = delivery_limit
+        #: a retry queue: each message waits its delay here, then moves to this queue
+        self.retry_target = retry_target
+        #: delay levels (seconds) of a retry queue, for messages that name no ``x-delay``
+        self.retry_levels = retry_levels
         self._expiry_timer: TimerHandle | None = None
         self._idle_timer: TimerHandle | None = None
         self.last_used = vhost.clock.monotonic()
@@ -259,6 +273,8 @@ class Queue:
             if not self._make_room(msg):
                 return False
         msg.queue_name = self.name
+        if self.retry_target is not None:
+            return self._hold_for_retry(msg)
         now = msg.arrival
         ttl = self.message_ttl
         if msg.expiration is not None:
@@ -273,6 +289,50 @@ class Queue:
             self._arm_expiry()
         self.vhost.mark_dirty(self)
         return True
+
+    #: the longest a retry queue holds a message (TDMQ's 864,000 s, ten days)
+    MAX_RETRY_DELAY = 864_000.0
+
+    def retry_delay(self, msg: Message) -> float:
+        """How long a retry queue holds ``msg``: its ``x-delay`` header (ms); else the delay
+        of its ``x-retry-level`` header (1-based); else of the level after its
+        ``RECONSUMETIMES`` (TDMQ's "next level"); past the last level the last repeats."""
+        if msg._hoff < 0:
+            return 0.0
+        h = msg.headers
+        d = h.get("x-delay")
+        if _is_number(d) and d > 0:
+            return min(d / 1000.0, self.MAX_RETRY_DELAY)
+        levels = self.retry_levels
+        if not levels:
+            return 0.0
+        level = h.get("x-retry-level")
+        if not (_is_number(level) and level >= 1):
+            level = h.get("RECONSUMETIMES")
+            if isinstance(level, str) and level.isdigit():
+                level = int(level)
+        if _is_number(level) and level >= 1:
+            return levels[min(int(level), len(levels)) - 1]
+        return 0.0
+
+    def _hold_for_retry(self, msg: Message) -> bool:
+        """Retry queue: hold the message for its delay, then forward it to the target."""
+        delay = self.retry_delay(msg)
+        self.held[msg.id] = msg
+        self.bytes += msg.body_size
+        self.delayed += 1
+        self.vhost.timers.call_later(delay, self._forward, msg)
+        return True
+
+    def _forward(self, msg: Message) -> None:
+        if self.deleted or self.held.pop(msg.id, None) is None:
+            return
+        self.bytes -= msg.body_size
+        self.delayed -= 1
+        self.acks_total += 1
+        if msg.stored:
+            self.vhost.store_remove(self, msg)
+        self.vhost.forward_retry(self, msg)
 
     def _make_room(self, msg: Message) -> bool:
         max_len, max_bytes = self.max_length, self.max_length_bytes
@@ -310,14 +370,23 @@ class Queue:
         self._forget(msg)
 
     def requeue(self, msgs: list[Message], *, count: bool = True) -> None:
-        """Delivered messages come back to the front, redelivered (and counted)."""
+        """Delivered messages come back to the front, redelivered (and counted).
+
+        A message whose count would pass the queue's delivery limit is dead-lettered with
+        reason ``delivery_limit`` instead (PIP-22's redelivery tracker, on every requeue path).
+        """
         live = []
+        limit = self.delivery_limit
         for m in msgs:
             if m.id not in self.held or self.deleted:
                 continue
             m.redelivered = True
             if count:
                 m.delivery_count += 1
+                if limit is not None and m.delivery_count > limit:
+                    self.settle(m)
+                    self.vhost.dead_letter_or_drop(self, m, "delivery_limit")
+                    continue
             live.append(m)
             self.ready_bytes += m.body_size
         if live:

@@ -145,6 +145,23 @@ def queue_options(args: dict[str, Any]) -> dict[str, Any]:
                                    "x-single-active-consumer conflicts with x-subscription-type "
                                    f"{stype!r}", (50, 10))
             opts["subscription_type"] = FAILOVER
+    if "x-delivery-limit" in args:
+        opts["delivery_limit"] = _int_arg("x-delivery-limit", args["x-delivery-limit"])
+    if "x-retry-target" in args:
+        target = args["x-retry-target"]
+        if not isinstance(target, str) or not target:
+            raise ChannelError(PRECONDITION_FAILED,
+                               "invalid arg 'x-retry-target' for queue: not a queue name",
+                               (50, 10))
+        opts["retry_target"] = target
+    if "x-retry-levels" in args:
+        levels = args["x-retry-levels"]
+        if not isinstance(levels, list) or not levels or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in levels):
+            raise ChannelError(PRECONDITION_FAILED,
+                               "invalid arg 'x-retry-levels' for queue: a list of delays in ms",
+                               (50, 10))
+        opts["retry_levels"] = tuple(x / 1000.0 for x in levels)
     qtype = args.get("x-queue-type")
     if qtype is not None and qtype not in ("classic", "quorum"):
         raise ChannelError(PRECONDITION_FAILED,
@@ -547,16 +564,31 @@ class VirtualHost:
         Queues the message already died in, with no rejection along the way, are skipped:
         that is a dead-letter cycle, which would otherwise go round for ever.
         """
-        target = q.dlx
-        if target is None:
-            return False
+        choose = self.hooks.dead_letter_target
+        chosen = None
+        if choose is not None:
+            chosen = choose(vhost=self.name, queue=q.name, message=msg, reason=reason)
+        if chosen is not None:
+            target = chosen.exchange
+            routing_key = chosen.routing_key
+            extra = dict(chosen.headers) if chosen.headers else None
+            if chosen.declare_queue and chosen.declare_queue not in self.queues:
+                dlq, _ = self.declare_queue(chosen.declare_queue, durable=True)
+                log.info("dead-letter queue '%s' in vhost '%s' created for queue '%s'",
+                         dlq.name, self.name, q.name)
+        else:
+            if q.dlx is None:
+                return False
+            target = q.dlx
+            routing_key = q.dlx_routing_key or msg.routing_key
+            extra = None
         ex = self.exchanges.get(target)
         if ex is None:
             log.warning("dead-letter exchange '%s' of queue '%s' in vhost '%s' does not exist; "
                         "message dropped", target, q.name, self.name)
             return True
-        dead = self.make_dead_letter(q, msg, reason,
-                                     routing_key=q.dlx_routing_key or msg.routing_key)
+        dead = self.make_dead_letter(q, msg, reason, routing_key=routing_key, exchange=target,
+                                     extra_headers=extra)
         queues = self.route(ex, dead)
         deaths = dead.headers.get("x-death") or []
         rejected_in_chain = any(d.get("reason") == "rejected" for d in deaths)
@@ -616,6 +648,27 @@ class VirtualHost:
         dead.arrival = self.clock.monotonic()
         dead.timestamp = self.clock.time()
         return dead
+
+    def forward_retry(self, retry_q: Queue, msg: Message) -> None:
+        """A retry queue's delay ran out: the message goes back to its target queue."""
+        target = self.queues.get(retry_q.retry_target or "")
+        if target is None:
+            log.warning("retry queue '%s' in vhost '%s': target queue '%s' does not exist; "
+                        "message dropped", retry_q.name, self.name, retry_q.retry_target)
+            h = self.hooks.message_dropped
+            if h is not None:
+                h(vhost=self.name, queue=retry_q.name, message=msg, reason="no-target")
+            return
+        m = msg.copy()
+        m.arrival = self.clock.monotonic()
+        m.expires_at = None
+        m.stored = False
+        m.redelivered = False
+        self.deliver_to_queues([target], m)
+        h = self.hooks.message_redelivered
+        if h is not None:
+            h(vhost=self.name, queue=target.name, message=m, delivery_count=m.delivery_count,
+              reason="retry")
 
     def store_remove(self, q: Queue, msg: Message) -> None:
         msg.stored = False

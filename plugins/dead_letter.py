@@ -1,0 +1,157 @@
+"""Retry and dead letter (Pulsar PIP-22 and PIP-106, TDMQ's retry queue), as a built-in plugin.
+
+For every queue a ``<deadLetter>`` element applies to:
+
+* **Redelivery limit** (PIP-22's redelivery tracker, kept by the broker): every requeue raises
+  the message's delivery count (a nack or reject with requeue, a channel or connection closing,
+  ``basic.recover``, isolation) and consumers see it as ``x-delivery-count``. The requeue that
+  would pass ``maxRedeliveries`` dead-letters the message instead (reason ``delivery_limit``).
+  This plugin answers ``broker_delivery_limit``; the core does the counting on every path.
+* **Dead-letter queue**: ``<queue>`` or the ``<queueTemplate>`` (``{queue}-DLQ`` by default),
+  created durable on first use, for delivery-limit, ``requeue=false`` rejects, TTL expiry and
+  overflow drops. Dead letters carry ``REAL_TOPIC``, ``ORIGIN_MESSAGE_ID``, ``RECONSUMETIMES``
+  (TDMQ's properties) besides RabbitMQ's ``x-death`` record that the core adds.
+* **Negative-ack backoff** (PIP-106): with ``<backoff>``, a nacked message stays invisible for
+  ``next(redelivery_count)`` seconds: ``fixed``, ``exponential``, ``levels`` or a custom class a
+  plugin registered with ``registry.register_backoff(name, factory)``.
+* **Retry queue** (TDMQ's reconsumeLater): with ``<retry>``, the broker declares
+  ``{queue}-RETRY`` next to the queue. A message published there (by
+  :func:`broker.retry.reconsume_later`) waits its delay, then goes back to the queue, where the
+  same consumers get it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from broker.decisions import DeadLetterTarget
+from broker.hookimpl import hookimpl
+
+log = logging.getLogger("plugins.dead_letter")
+
+
+class DeadLetterPlugin:
+    """Holds the broker reference (hooks name queues; the policy lives on the queue)."""
+
+    def __init__(self) -> None:
+        self.broker: Any = None
+        self.registry: Any = None
+        self._pending: list[tuple[str, str, bool]] = []
+        self._backoffs: dict[int, Any] = {}
+        #: queues this plugin made (retry and dead-letter queues): they get no retry queue and
+        #: no dead-letter queue of their own
+        self._made: set[tuple[str, str]] = set()
+
+    # ------------------------------------------------------------------ helpers
+
+    def config(self, vhost: str, queue: str) -> Any:
+        b = self.broker
+        if b is None or (vhost, queue) in self._made:
+            return None
+        vh = b.vhosts.get(vhost)
+        q = vh.queues.get(queue) if vh is not None else None
+        pol = q.policy if q is not None else None
+        return pol.get("deadLetter") if pol else None
+
+    def _retry_queue_for(self, vhost: str, queue: str, durable: bool) -> None:
+        cfg = self.config(vhost, queue)
+        if cfg is None or cfg.retry is None:
+            return
+        name = cfg.retry.queue_name(queue)
+        vh = self.broker.vhosts[vhost]
+        if name in vh.queues or name == queue:
+            return
+        self._made.add((vhost, name))
+        vh.declare_queue(name, durable=durable, arguments={
+            "x-retry-target": queue,
+            "x-retry-levels": [int(round(s * 1000)) for s in cfg.retry.levels],
+        })
+        log.info("retry queue '%s' in vhost '%s' declared for queue '%s'", name, vhost, queue)
+
+    # ------------------------------------------------------------------ hooks
+
+    @hookimpl(trylast=True)
+    def broker_register(self, registry: Any) -> None:
+        self.registry = registry
+
+    @hookimpl(trylast=True)
+    def broker_startup(self, broker: Any) -> None:
+        self.broker = broker
+        pending, self._pending = self._pending, []
+        for vhost, queue, durable in pending:
+            self._retry_queue_for(vhost, queue, durable)
+
+    @hookimpl(trylast=True)
+    def broker_queue_declared(self, vhost: str, queue: str, durable: bool,
+                              arguments: dict[str, Any]) -> None:
+        if "x-retry-target" in arguments:
+            self._made.add((vhost, queue))
+            return
+        if self.broker is None:  # configured queues are declared before startup
+            self._pending.append((vhost, queue, durable))
+            return
+        self._retry_queue_for(vhost, queue, durable)
+
+    @hookimpl(trylast=True)
+    def broker_queue_deleted(self, vhost: str, queue: str, reason: str) -> None:
+        self._made.discard((vhost, queue))
+
+    @hookimpl(trylast=True)
+    def broker_delivery_limit(self, vhost: str, queue: str) -> int | None:
+        cfg = self.config(vhost, queue)
+        return cfg.max_redeliveries if cfg is not None else None
+
+    @hookimpl(trylast=True)
+    def broker_redelivery_delay(self, vhost: str, queue: str, message: Any,
+                                delivery_count: int) -> float | None:
+        cfg = self.config(vhost, queue)
+        if cfg is None or cfg.backoff is None:
+            return None
+        backoff = cfg.backoff
+        redeliveries = max(0, delivery_count - 1)  # PIP-106: next(0) on the first nack
+        if backoff.builtin:
+            return backoff.next_delay(redeliveries)
+        impl = self._backoffs.get(id(backoff))
+        if impl is None:
+            factory = self._backoff_factory(backoff.type)
+            impl = self._backoffs[id(backoff)] = factory(dict(backoff.params))
+        return float(impl.next(redeliveries))
+
+    def _backoff_factory(self, name: str) -> Any:
+        reg = getattr(self.broker.hooks, "registry", None)
+        if reg is None:
+            raise LookupError(f"backoff {name!r}: no plugin registry")
+        return reg.backoff(name)
+
+    @hookimpl(trylast=True)
+    def broker_dead_letter_target(self, vhost: str, queue: str, message: Any,
+                                  reason: str) -> DeadLetterTarget | None:
+        cfg = self.config(vhost, queue)
+        if cfg is None:
+            return None
+        dlq = cfg.dlq_name(queue, message.exchange, vhost)
+        if dlq == queue:
+            return None
+        self._made.add((vhost, dlq))
+        return DeadLetterTarget(exchange="", routing_key=dlq,
+                                headers=dead_letter_headers(message, queue, vhost),
+                                declare_queue=dlq)
+
+
+def dead_letter_headers(message: Any, queue: str, vhost: str) -> dict[str, Any]:
+    """TDMQ's properties for a dead letter; values already set by a retry are kept."""
+    headers = message.headers
+    origin = headers.get("ORIGIN_MESSAGE_ID")
+    if origin is None:
+        origin = message.message_id or f"{vhost}/{queue}/{message.id}"
+    return {
+        "REAL_TOPIC": headers.get("REAL_TOPIC", queue),
+        "ORIGIN_MESSAGE_ID": origin,
+        "RECONSUMETIMES": headers.get("RECONSUMETIMES", 0),
+    }
+
+
+def make_plugin() -> DeadLetterPlugin:
+    """One plugin object per broker (see broker.pluginhost.FACTORY_NAME)."""
+    return DeadLetterPlugin()

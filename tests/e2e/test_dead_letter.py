@@ -1,0 +1,269 @@
+"""Retry and dead letter end to end with kombu and py-amqp: PIP-22, PIP-106, TDMQ's retry queue."""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+from typing import Any
+
+import amqp
+import kombu
+import pytest
+
+from broker.retry import DEAD_LETTERED, RETRIED, RetryError, reconsume_later
+
+pytestmark = pytest.mark.e2e
+
+
+def dl_config(inner: str = "", queue: str = "work", args: str = "") -> str:
+    return f'<queue name="{queue}" {args}><deadLetter>{inner}</deadLetter></queue>'
+
+
+def declare(conn: kombu.Connection, name: str = "work", **arguments: Any) -> kombu.Queue:
+    q = kombu.Queue(name, routing_key=name, durable=True, queue_arguments=arguments or None)
+    q(conn.default_channel).declare()
+    return q
+
+
+def publish(conn: kombu.Connection, body: Any, queue: str = "work", **kw: Any) -> None:
+    conn.Producer().publish(body, routing_key=queue, **kw)
+
+
+def take(conn: kombu.Connection, queue: str, timeout: float = 3.0) -> kombu.Message | None:
+    """basic.get until a message comes (bounded); a dead-letter queue is created by its
+    first dead letter, so a 404 before then just means "not yet"."""
+    deadline = time.monotonic() + timeout
+    channel = conn.channel()
+    while time.monotonic() < deadline:
+        try:
+            m = kombu.Queue(queue, channel=channel, no_declare=True).get(no_ack=False)
+        except amqp.exceptions.NotFound:
+            channel = conn.channel()
+            m = None
+        if m is not None:
+            return m
+        time.sleep(0.02)
+    return None
+
+
+def consume_for(conn: kombu.Connection, queue: kombu.Queue, handler, seconds: float) -> None:
+    with conn.Consumer(queue, callbacks=[handler], prefetch_count=1):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                conn.drain_events(timeout=0.05)
+            except TimeoutError:
+                pass
+
+
+def test_always_nack_sees_the_message_max_plus_one_times_then_it_is_in_the_dlq(broker_factory):
+    b = broker_factory(dl_config("<maxRedeliveries>3</maxRedeliveries>"))
+    seen: list[kombu.Message] = []
+    with kombu.Connection(b.url()) as conn:
+        q = declare(conn)
+        publish(conn, {"poison": True}, message_id="order-42")
+        consume_for(conn, q, lambda body, m: (seen.append(m), m.requeue()), 1.0)
+        assert len(seen) == 4  # maxRedeliveries + 1
+        assert [m.headers.get("x-delivery-count") for m in seen] == [None, 1, 2, 3]
+        assert [m.delivery_info["redelivered"] for m in seen] == [False, True, True, True]
+        dead = take(conn, "work-DLQ")
+        assert dead is not None and dead.payload == {"poison": True}
+        h = dead.headers
+        assert h["REAL_TOPIC"] == "work" and h["ORIGIN_MESSAGE_ID"] == "order-42"
+        assert h["RECONSUMETIMES"] == 0
+        death = h["x-death"][0]
+        assert (death["reason"], death["queue"], death["count"]) == ("delivery_limit", "work", 1)
+        assert h["x-first-death-reason"] == "delivery_limit"
+        assert h["x-first-death-queue"] == "work"
+        dead.ack()  # the DLQ is an ordinary queue
+        assert b.call(lambda: b.broker.vhosts["/"].queues["work-DLQ"].durable)
+        assert b.call(lambda: b.broker.vhosts["/"].queues["work"].message_count) == 0
+
+
+def test_channel_close_counts_towards_the_limit(broker_factory):
+    b = broker_factory(dl_config("<maxRedeliveries>2</maxRedeliveries>"))
+    with kombu.Connection(b.url()) as setup:
+        declare(setup)
+        publish(setup, "crashy")
+    for _ in range(3):  # a consumer that dies holding it, three times
+        with amqp.Connection(host=f"127.0.0.1:{b.port}") as conn:
+            ch = conn.channel()
+            assert ch.basic_get("work") is not None
+    with kombu.Connection(b.url()) as conn:
+        assert take(conn, "work", timeout=0.3) is None
+        dead = take(conn, "work-DLQ")
+        assert dead is not None and dead.headers["x-death"][0]["reason"] == "delivery_limit"
+
+
+@pytest.mark.parametrize("reason,setup", [
+    ("rejected", "reject"),
+    ("expired", "ttl"),
+    ("maxlen", "overflow"),
+])
+def test_x_death_reason_for_each_trigger(broker_factory, reason, setup):
+    b = broker_factory(dl_config())
+    with kombu.Connection(b.url()) as conn:
+        if setup == "ttl":
+            declare(conn, **{"x-message-ttl": 50})
+            publish(conn, "old")
+        elif setup == "overflow":
+            declare(conn, **{"x-max-length": 1})
+            publish(conn, "first")
+            publish(conn, "second")  # drops the head
+        else:
+            declare(conn)
+            publish(conn, "nope")
+            m = take(conn, "work")
+            assert m is not None
+            m.reject(requeue=False)
+        dead = take(conn, "work-DLQ")
+        assert dead is not None
+        assert dead.headers["x-death"][0]["reason"] == reason
+        assert dead.headers["REAL_TOPIC"] == "work"
+
+
+def test_exponential_backoff_delays_grow_as_configured(broker_factory):
+    b = broker_factory(dl_config(
+        "<maxRedeliveries>10</maxRedeliveries>"
+        '<backoff type="exponential"><min>100ms</min><max>1s</max>'
+        "<multiplier>2</multiplier></backoff>"))
+    times: list[float] = []
+    with kombu.Connection(b.url()) as conn:
+        q = declare(conn)
+        publish(conn, "flaky")
+        consume_for(conn, q, lambda body, m: (times.append(time.monotonic()), m.requeue())
+                    if len(times) < 4 else m.ack(), 1.6)
+    gaps = [b2 - a for a, b2 in zip(times, times[1:])]
+    assert len(gaps) == 3
+    for gap, expected in zip(gaps, (0.1, 0.2, 0.4)):
+        assert expected * 0.9 <= gap < expected + 0.25, gaps
+
+
+def test_without_backoff_a_requeue_is_immediate(broker_factory):
+    b = broker_factory(dl_config("<maxRedeliveries>10</maxRedeliveries>"))
+    times: list[float] = []
+    with kombu.Connection(b.url()) as conn:
+        q = declare(conn)
+        publish(conn, "again")
+        consume_for(conn, q, lambda body, m: (times.append(time.monotonic()), m.requeue())
+                    if len(times) < 3 else m.ack(), 0.5)
+    assert len(times) >= 3 and times[2] - times[0] < 0.2
+
+
+def test_a_custom_backoff_class_from_a_plugin(broker_factory):
+    from broker.hookimpl import hookimpl
+
+    class Linear:
+        def __init__(self, params: dict[str, str]) -> None:
+            self.step = float(params["step"])
+
+        def next(self, redelivery_count: int) -> float:
+            return self.step * (redelivery_count + 1)
+
+    mod = types.ModuleType("linear_backoff")
+
+    @hookimpl
+    def broker_register(registry):
+        registry.register_backoff("linear", Linear)
+
+    mod.broker_register = broker_register  # type: ignore[attr-defined]
+    sys.modules["linear_backoff"] = mod
+    try:
+        b = broker_factory(
+            dl_config('<backoff type="linear"><param name="step" value="0.15"/></backoff>'),
+            plugins="<plugins><plugin>linear_backoff</plugin></plugins>")
+        times: list[float] = []
+        with kombu.Connection(b.url()) as conn:
+            q = declare(conn)
+            publish(conn, "x")
+            consume_for(conn, q, lambda body, m: (times.append(time.monotonic()), m.requeue())
+                        if len(times) < 3 else m.ack(), 1.2)
+        gaps = [b2 - a for a, b2 in zip(times, times[1:])]
+        assert 0.13 <= gaps[0] < 0.35 and 0.27 <= gaps[1] < 0.5, gaps
+    finally:
+        sys.modules.pop("linear_backoff", None)
+
+
+RETRY = "<maxRedeliveries>2</maxRedeliveries><retry><levels>1s 2s</levels></retry>"
+
+
+def test_reconsume_later_with_a_delay_comes_back_to_the_same_queue(broker_factory):
+    b = broker_factory(dl_config(RETRY))
+    got: list[tuple[float, kombu.Message]] = []
+
+    def handle(body, m):
+        got.append((time.monotonic(), m))
+        if len(got) == 1:
+            assert reconsume_later(m, delay=1) == RETRIED
+        else:
+            m.ack()
+
+    with kombu.Connection(b.url()) as conn:
+        q = declare(conn)
+        assert b.call(lambda: b.broker.vhosts["/"].queues["work-RETRY"].retry_target) == "work"
+        publish(conn, {"n": 1}, message_id="m-1")
+        consume_for(conn, q, handle, 1.6)
+    assert len(got) == 2
+    (t0, first), (t1, again) = got
+    assert 0.95 <= t1 - t0 < 1.5
+    assert again.payload == {"n": 1}
+    h = again.headers
+    assert h["REAL_TOPIC"] == "work" and h["RETRY_TOPIC"] == "work-RETRY"
+    assert h["RECONSUMETIMES"] == 1 and h["ORIGIN_MESSAGE_ID"] == "m-1"
+
+
+def test_reconsume_later_by_level_and_next_level_then_dead_letter(broker_factory):
+    b = broker_factory(dl_config(RETRY))
+    got: list[tuple[float, kombu.Message]] = []
+    outcomes: list[str] = []
+
+    def handle(body, m):
+        got.append((time.monotonic(), m))
+        if len(got) == 1:
+            outcomes.append(reconsume_later(m, level=1, max_reconsume=2))  # 1 s
+        elif len(got) == 2:
+            outcomes.append(reconsume_later(m, max_reconsume=2))  # next: level 2 = 2 s
+        else:
+            outcomes.append(reconsume_later(m, max_reconsume=2))  # third: past the max
+
+    with kombu.Connection(b.url()) as conn:
+        q = declare(conn)
+        publish(conn, "retry-me")
+        consume_for(conn, q, handle, 3.6)
+        assert outcomes == [RETRIED, RETRIED, DEAD_LETTERED]
+        gaps = [got[1][0] - got[0][0], got[2][0] - got[1][0]]
+        assert 0.95 <= gaps[0] < 1.5 and 1.95 <= gaps[1] < 2.6, gaps
+        assert [m.headers.get("RECONSUMETIMES") for _, m in got] == [None, 1, 2]
+        dead = take(conn, "work-DLQ")
+        assert dead is not None and dead.payload == "retry-me"
+        assert dead.headers["RECONSUMETIMES"] == 3 and dead.headers["REAL_TOPIC"] == "work"
+
+
+def test_reconsume_later_refuses_out_of_range_delays(broker_factory):
+    b = broker_factory(dl_config(RETRY))
+    with kombu.Connection(b.url()) as conn:
+        declare(conn)
+        publish(conn, "x")
+        m = take(conn, "work")
+        assert m is not None
+        for kw in ({"delay": 0.5}, {"delay": 864_001}, {"level": 0}, {"level": 19}):
+            with pytest.raises(RetryError):
+                reconsume_later(m, **kw)
+        m.ack()  # still unacked after the refusals: the ack goes through
+
+
+def test_dead_letter_cycle_stops(broker):
+    with kombu.Connection(broker.url()) as conn:
+        ch = conn.default_channel
+        ch.exchange_declare("cycle", "fanout", durable=False, auto_delete=False)
+        for name in ("ping", "pong"):
+            ch.queue_declare(name, durable=False, auto_delete=False, arguments={
+                "x-message-ttl": 20, "x-dead-letter-exchange": "cycle"})
+        ch.queue_bind("pong", "cycle", "")
+        ch.queue_bind("ping", "cycle", "")
+        publish(conn, "round", queue="ping")
+        time.sleep(0.5)  # with a cycle it would bounce ~25 times in this time
+        counts = broker.call(lambda: [broker.broker.vhosts["/"].queues[n].message_count
+                                      for n in ("ping", "pong")])
+        assert counts == [0, 0]
