@@ -251,12 +251,17 @@ class Broker:
             for c in q.consumers:
                 c.max_unacked = cap
 
-    def reload(self, config: BrokerConfig) -> None:
-        """Apply a new (already validated) configuration to the running queues."""
-        self.config = config
+    def resolve_all(self) -> None:
+        """Resolve every queue's policy again (after plugins started: queues declared from the
+        configuration or recovered from the store existed before any plugin saw the broker)."""
         for vh in self.vhosts.values():
             for q in vh.queues.values():
                 self.resolve_policy(q)
+
+    def reload(self, config: BrokerConfig) -> None:
+        """Apply a new (already validated) configuration to the running queues."""
+        self.config = config
+        self.resolve_all()
         for name in config.vhosts:
             if name not in self.vhosts:
                 self._add_vhost(name)

@@ -126,6 +126,7 @@ async def start_broker(config_path: str | Path | None = None, *, host: str | Non
     running = Running(b, server, config, plugins, extras={"config_registry": registry})
     if plugins.startup is not None:
         plugins.startup(broker=b)
+    b.resolve_all()  # plugins' policy decisions (e.g. delivery limits) for existing queues
     if housekeeping and plugins.registry.jobs():
         from broker.housekeeping import Housekeeping
 

@@ -1,0 +1,389 @@
+"""Broker throughput, latency and broker CPU per message, measured with py-amqp clients.
+
+Phases (``--mode``), each run for every body size (``--size``, default 64 and 1024 bytes):
+
+* ``publish``: one publisher, no confirms, into a queue nobody consumes; timed until the broker
+  reports all ``--count`` messages in the queue.
+* ``publish-confirm``: the same in confirm mode; py-amqp waits for each confirm, so the latency
+  columns are the per-publish round trip.
+* ``consume``: the queue is pre-filled (not timed), then one consumer with prefetch 100 and a
+  manual ack per message drains it.
+* ``pubsub``: one producer process and one consumer process (multiprocessing) at once; the
+  producer publishes as fast as it can (no confirms) and puts ``time.monotonic()`` in the body,
+  the consumer (prefetch 100, manual ack) reports publish->deliver latency. With a producer
+  faster than the broker this is latency under saturation (queueing included).
+
+Broker CPU is read from ``/proc/<pid>/stat`` (utime + stime, all threads) before and after each
+phase. Without ``--url`` the script starts plugbroker itself (``python3 -m broker run`` on a free
+port with a temporary config whose housekeeping section is the default one) and knows its pid;
+with ``--url`` pass ``--broker-pid`` (e.g. RabbitMQ's ``beam.smp``) to get the CPU column.
+
+Run: ``python3 bench/throughput.py [--url URL] [--broker-pid PID] [--size 64 1024]
+[--count N] [--mode publish|publish-confirm|consume|pubsub|all]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import amqp
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("publish", "publish-confirm", "consume", "pubsub")
+PHASE_LIMIT = 180.0  # seconds; a phase that takes longer is cut short and marked
+
+CONFIG = """<?xml version="1.0" encoding="UTF-8"?>
+<broker>
+  <listen host="127.0.0.1" port="0"/>
+  <store path="{store}"/>
+  <users><user name="guest" password="guest" vhosts="/"/></users>
+  <housekeeping><threads>4</threads><period>30000</period></housekeeping>
+  <virtualhost name="/"/>
+</broker>
+"""
+
+
+# ------------------------------------------------------------------ broker process
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """utime + stime of a process (all its threads), in seconds; None when unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def delta(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class OwnBroker:
+    """plugbroker in a subprocess on a free loopback port."""
+
+    def __init__(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="plugbroker-bench-"))
+        self.config = self.tmp / "bench.xml"
+        self.config.write_text(CONFIG.format(store=self.tmp / "store"))
+        self.port = free_port()
+        self.log = open(self.tmp / "broker.log", "w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "broker", "run", "--config", str(self.config),
+             "--port", str(self.port)],
+            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"plugbroker exited: {self._log_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError(f"plugbroker did not listen in time: {self._log_text()}")
+
+    def _log_text(self) -> str:
+        self.log.flush()
+        return (self.tmp / "broker.log").read_text()[-2000:]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ clients
+
+
+def connect(url: str) -> amqp.Connection:
+    u = urlparse(url)
+    vhost = unquote(u.path[1:]) if u.path and u.path != "/" else "/"
+    conn = amqp.Connection(host=f"{u.hostname or '127.0.0.1'}:{u.port or 5672}",
+                           userid=unquote(u.username or "guest"),
+                           password=unquote(u.password or "guest"), virtual_host=vhost or "/",
+                           heartbeat=0)
+    conn.connect()
+    return conn
+
+
+def fresh_queue(ch: Any, name: str) -> None:
+    ch.queue_declare(name, durable=False, auto_delete=False)
+    ch.queue_purge(name)
+
+
+def queue_depth(ch: Any, name: str) -> int:
+    return int(ch.queue_declare(name, passive=True)[1])
+
+
+def wait_depth(ch: Any, name: str, n: int, deadline: float) -> bool:
+    while queue_depth(ch, name) < n:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def publish_many(ch: Any, queue: str, body: bytes, n: int, deadline: float) -> int:
+    publish = ch.basic_publish
+    for i in range(n):
+        publish(amqp.Message(body), exchange="", routing_key=queue)
+        if not i % 1000 and time.monotonic() > deadline:
+            return i + 1
+    return n
+
+
+@dataclass
+class Result:
+    mode: str
+    size: int
+    count: int
+    seconds: float
+    cpu: float | None
+    latencies: list[float] | None = None
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds if self.seconds else 0.0
+
+    def cpu_us(self) -> str:
+        return "-" if self.cpu is None or not self.count else f"{self.cpu / self.count * 1e6:.1f}"
+
+    def pct(self, q: float) -> str:
+        if not self.latencies:
+            return "-"
+        s = sorted(self.latencies)
+        return f"{s[min(len(s) - 1, int(q * len(s)))] * 1e3:.2f}"
+
+
+def run_publish(url: str, pid: int | None, size: int, count: int) -> Result:
+    conn = connect(url)
+    ch = conn.channel()
+    q = f"bench-publish-{size}-{os.getpid()}"
+    fresh_queue(ch, q)
+    body = b"x" * size
+    deadline = time.monotonic() + PHASE_LIMIT
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    sent = publish_many(ch, q, body, count, deadline)
+    done = wait_depth(ch, q, sent, deadline)
+    t1, c1 = time.perf_counter(), cpu_seconds(pid)
+    ch.queue_delete(q)
+    conn.close()
+    return Result("publish", size, sent, t1 - t0, delta(c0, c1),
+                  note="" if done and sent == count else "cut short")
+
+
+def run_publish_confirm(url: str, pid: int | None, size: int, count: int) -> Result:
+    conn = connect(url)
+    ch = conn.channel()
+    q = f"bench-confirm-{size}-{os.getpid()}"
+    fresh_queue(ch, q)
+    ch.confirm_select()
+    ch._confirm_selected = True  # so basic_publish_confirm does not select again
+    body = b"x" * size
+    lat: list[float] = []
+    deadline = time.monotonic() + PHASE_LIMIT
+    publish = ch.basic_publish_confirm
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    for i in range(count):
+        s = time.perf_counter()
+        publish(amqp.Message(body), exchange="", routing_key=q)
+        lat.append(time.perf_counter() - s)
+        if not i % 1000 and time.monotonic() > deadline:
+            break
+    t1, c1 = time.perf_counter(), cpu_seconds(pid)
+    ch.queue_delete(q)
+    conn.close()
+    return Result("publish-confirm", size, len(lat), t1 - t0,
+                  delta(c0, c1), lat,
+                  note="" if len(lat) == count else "cut short")
+
+
+def _consume(ch: Any, conn: amqp.Connection, q: str, n: int, deadline: float,
+             lat: list[float] | None) -> int:
+    got = 0
+
+    def on_message(msg: amqp.Message) -> None:
+        nonlocal got
+        got += 1
+        if lat is not None:
+            lat.append(time.monotonic() - struct.unpack_from(">d", msg.body)[0])
+        ch.basic_ack(msg.delivery_tag)
+
+    ch.basic_qos(0, 100, False)
+    tag = ch.basic_consume(q, callback=on_message, no_ack=False)
+    while got < n and time.monotonic() < deadline:
+        try:
+            conn.drain_events(timeout=1)
+        except socket.timeout:
+            pass
+    ch.basic_cancel(tag)
+    return got
+
+
+def run_consume(url: str, pid: int | None, size: int, count: int) -> Result:
+    conn = connect(url)
+    ch = conn.channel()
+    q = f"bench-consume-{size}-{os.getpid()}"
+    fresh_queue(ch, q)
+    deadline = time.monotonic() + PHASE_LIMIT
+    publish_many(ch, q, b"x" * size, count, deadline)
+    wait_depth(ch, q, count, deadline)
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    got = _consume(ch, conn, q, count, deadline, None)
+    queue_depth(ch, q)  # a round trip: every ack has been handled
+    t1, c1 = time.perf_counter(), cpu_seconds(pid)
+    ch.queue_delete(q)
+    conn.close()
+    return Result("consume", size, got, t1 - t0, delta(c0, c1),
+                  note="" if got == count else "cut short")
+
+
+def _pubsub_consumer(url: str, q: str, n: int, ready: Any, out: Any) -> None:
+    conn = connect(url)
+    ch = conn.channel()
+    ready.set()
+    lat: list[float] = []
+    got = _consume(ch, conn, q, n, time.monotonic() + PHASE_LIMIT, lat)
+    out.put((got, time.perf_counter(), lat))
+    conn.close()
+
+
+def _pubsub_producer(url: str, q: str, size: int, n: int, go: Any) -> None:
+    conn = connect(url)
+    ch = conn.channel()
+    pad = b"x" * max(0, size - 8)
+    publish = ch.basic_publish
+    go.wait()
+    deadline = time.monotonic() + PHASE_LIMIT
+    for i in range(n):
+        publish(amqp.Message(struct.pack(">d", time.monotonic()) + pad), exchange="",
+                routing_key=q)
+        if not i % 1000 and time.monotonic() > deadline:
+            break
+    conn.close()
+
+
+def run_pubsub(url: str, pid: int | None, size: int, count: int) -> Result:
+    conn = connect(url)
+    ch = conn.channel()
+    q = f"bench-pubsub-{size}-{os.getpid()}"
+    fresh_queue(ch, q)
+    ctx = mp.get_context("fork")
+    ready, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    consumer = ctx.Process(target=_pubsub_consumer, args=(url, q, count, ready, out))
+    producer = ctx.Process(target=_pubsub_producer, args=(url, q, size, count, go))
+    consumer.start()
+    producer.start()
+    ready.wait(30)
+    time.sleep(0.2)  # let the consumer's basic.consume land
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    go.set()
+    got, t1, lat = out.get(timeout=PHASE_LIMIT + 30)
+    c1 = cpu_seconds(pid)
+    producer.join(30)
+    consumer.join(30)
+    ch.queue_delete(q)
+    conn.close()
+    return Result("pubsub", size, got, t1 - t0, delta(c0, c1), lat,
+                  note="" if got == count else "cut short")
+
+
+RUNNERS = {"publish": run_publish, "publish-confirm": run_publish_confirm,
+           "consume": run_consume, "pubsub": run_pubsub}
+
+
+# ------------------------------------------------------------------ main
+
+
+def print_table(title: str, results: list[Result]) -> None:
+    print(f"\n{title}")
+    print("| mode | body | messages | msg/s | broker CPU µs/msg | p50 ms | p99 ms | note |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in results:
+        print(f"| {r.mode} | {r.size} B | {r.count} | {r.rate:,.0f} | {r.cpu_us()} | "
+              f"{r.pct(0.50)} | {r.pct(0.99)} | {r.note} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", help="a running broker (default: start plugbroker here)")
+    ap.add_argument("--broker-pid", type=int, help="pid whose CPU time to read (with --url)")
+    ap.add_argument("--size", type=int, nargs="+", default=[64, 1024], help="body bytes")
+    ap.add_argument("--count", type=int, default=20000, help="messages per phase")
+    ap.add_argument("--mode", choices=MODES + ("all",), default="all")
+    ap.add_argument("--title", help="table title")
+    args = ap.parse_args(argv)
+
+    own = None
+    if args.url:
+        url, pid = args.url, args.broker_pid
+    else:
+        own = OwnBroker()
+        url, pid = own.url, own.pid
+    modes = MODES if args.mode == "all" else (args.mode,)
+    results: list[Result] = []
+    try:
+        warm = connect(url)  # first connection, queue and publish are not part of any phase
+        wch = warm.channel()
+        fresh_queue(wch, "bench-warmup")
+        publish_many(wch, "bench-warmup", b"w", 200, time.monotonic() + 30)
+        wch.queue_delete("bench-warmup")
+        warm.close()
+        for size in args.size:
+            for mode in modes:
+                r = RUNNERS[mode](url, pid, size, args.count)
+                results.append(r)
+                print(f"  {mode:16s} {size:5d} B  {r.rate:10,.0f} msg/s  "
+                      f"cpu {r.cpu_us():>7s} µs/msg  p50 {r.pct(0.5)} p99 {r.pct(0.99)} ms"
+                      f"  {r.note}", file=sys.stderr, flush=True)
+    finally:
+        if own is not None:
+            own.stop()
+    title = args.title or (f"{'plugbroker (own subprocess)' if own else url}, "
+                           f"{os.cpu_count()} CPUs, py-amqp {amqp.__version__}, "
+                           f"{args.count} messages per phase")
+    print_table(title, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
