@@ -32,8 +32,10 @@ CONFIG_TEMPLATE = """<?xml version="1.0"?>
 
 def write_config(directory: Path, vhost: str = "", *, store: bool = False,
                  plugins: str = "", limits: str = "", period: str = "30000",
-                 name: str = "broker.xml") -> Path:
+                 name: str = "broker.xml", journal: bool = False) -> Path:
     store_el = f'<store path="{directory / "store"}"/>' if store else ""
+    if journal:
+        store_el += f'\n  <journal path="{directory / "journal"}"/>'
     text = CONFIG_TEMPLATE.format(store=store_el, plugins=plugins, limits=limits, vhost=vhost,
                                   period=period)
     path = directory / name

@@ -119,3 +119,51 @@ def test_expiration_ms(value: str | None, expect: int | None) -> None:
 def test_expiration_ms_rejects_what_rabbitmq_rejects(value: str) -> None:
     with pytest.raises(P.PropertiesError):
         P.expiration_ms(value)
+
+
+@pytest.mark.parametrize("props", [
+    dict(message_id="m" * 20), dict(timestamp=123), dict(type="t" * 10), dict(user_id="u"),
+    dict(app_id="app"), dict(cluster_id="c"), dict(correlation_id="c", reply_to="r"),
+])
+def test_truncated_fields_after_what_routing_reads_are_an_error_too(props: dict[str, Any]) -> None:
+    """Peek reads only four properties but checks that the whole list fits, so a truncated
+    property list is refused on publish rather than handed to consumers."""
+    raw = properties_bytes(delivery_mode=2, **props)
+    assert P.peek(raw)[0] == 2
+    for n in range(2, len(raw)):
+        with pytest.raises(P.PropertiesError):
+            P.peek(raw[:n])
+
+
+def test_headers_table_longer_than_the_properties_is_an_error() -> None:
+    with pytest.raises(P.PropertiesError):
+        P.peek(b"\x20\x00\x00\x00\x00\x09\x01")
+
+
+GARBLED_HEADERS = b"\x20\x00" + b"\x00\x00\x00\x03" + b"\x01kZ"  # field type 'Z'
+
+
+def test_peek_accepts_a_garbled_headers_table_that_decode_refuses() -> None:
+    assert P.peek(GARBLED_HEADERS) == (0, 0, None, 2)
+    with pytest.raises(P.PropertiesError):
+        P.headers_at(GARBLED_HEADERS, 2)
+    with pytest.raises(P.PropertiesError):
+        P.decode(GARBLED_HEADERS)
+
+
+def test_decode_lenient_leaves_out_a_garbled_headers_table() -> None:
+    good = properties_bytes(content_type="text/plain", delivery_mode=2, message_id="m1")
+    assert P.decode_lenient(good) == P.decode(good)
+    flags = int.from_bytes(good[:2], "big") | 0x2000
+    # content_type first, then the garbled table, then delivery_mode and message_id
+    ct_end = 2 + 1 + len("text/plain")
+    raw = flags.to_bytes(2, "big") + good[2:ct_end] + GARBLED_HEADERS[2:] + good[ct_end:]
+    assert P.peek(raw)[:3] == (2, 0, None)
+    assert P.decode_lenient(raw) == {"content_type": "text/plain", "delivery_mode": 2,
+                                     "message_id": "m1"}
+
+
+def test_decode_lenient_keeps_what_peek_read_when_nothing_else_decodes() -> None:
+    raw = properties_bytes(content_type="x", delivery_mode=2, priority=4, expiration="10")
+    raw = raw[:3] + b"\xff" + raw[4:]  # content_type is not UTF-8
+    assert P.decode_lenient(raw) == {"delivery_mode": 2, "priority": 4, "expiration": "10"}

@@ -222,6 +222,17 @@ def test_connection_errors(broker: Any, case: str) -> None:
     _wait_drained(broker)
 
 
+def test_method_on_a_channel_the_client_closed_is_504(broker: Any) -> None:
+    with _client(broker) as c:
+        c.method(1, "channel.close", 200, "bye", 0, 0)
+        c.expect("channel.close_ok")
+        c.method(1, "basic.qos", 0, 1, False)
+        code, text, cid, mid = c.expect_connection_close()
+        assert (code, cid, mid) == (504, 60, 10)
+        assert text == "CHANNEL_ERROR - basic.qos on channel 1, which is not open"
+        assert c.wait_closed(3)
+
+
 def test_frames_after_the_error_are_ignored_until_close_ok(broker: Any) -> None:
     with _client(broker) as c:
         c.send(frame(9, 0, b"") + method_frame(1, "queue.declare", 0, "", False, False, True,
