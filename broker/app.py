@@ -81,6 +81,8 @@ class Broker:
         #: set by the server to ``loop.call_soon``; None runs work at once (domain tests)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.alarm: str | None = None
+        #: policy actions applied, by (policy, outcome), for metrics
+        self.action_counts: dict[tuple[str, str], int] = {}
         self.vhosts: dict[str, VirtualHost] = {}
         for name_ in config.vhosts:
             self._add_vhost(name_)
@@ -439,6 +441,8 @@ class Broker:
                 log.exception("applying %r failed", a)
                 outcome = "failed"
             outcomes.append(outcome)
+            key = (a.policy, outcome)
+            self.action_counts[key] = self.action_counts.get(key, 0) + 1
             h = self.hooks.policy_action
             if h is not None:
                 h(action=a, outcome=outcome)

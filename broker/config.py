@@ -109,7 +109,8 @@ DEFAULT_TOPIC_EXCHANGE = "amq.topic"
 RETRY_DELAY_MIN = 1.0
 RETRY_DELAY_MAX = 864000.0
 
-_BROKER_SINGLETONS = ("listen", "store", "users", "housekeeping", "plugins", "journal", "limits")
+_BROKER_SINGLETONS = (
+    "listen", "store", "users", "housekeeping", "plugins", "journal", "limits", "admin")
 _BROKER_CHILDREN = (*_BROKER_SINGLETONS, "virtualhost")
 _VHOST_CHILDREN = ("exchange", "queue", "topic")
 _RESERVED_NAMES = frozenset((*_BROKER_CHILDREN, *_VHOST_CHILDREN, *BUILTIN_SECTIONS, "broker"))
@@ -1109,6 +1110,8 @@ class BrokerConfig:
     #: plugins (built-in ones included) that must not be loaded: ``<plugin enabled="false">``
     blocked_plugins: frozenset[str] = frozenset()
     journal_path: Path | None = None
+    #: ``(host, port)`` of the admin HTTP interface, or None when ``<admin>`` is absent
+    admin: tuple[str, int] | None = None
     limits: Limits = field(default_factory=Limits)
     vhosts: Mapping[str, VhostConfig] = field(default_factory=_default_vhosts)
     #: broker-level plugin elements, by element name -> what the plugin's parser returned
@@ -1125,6 +1128,7 @@ class BrokerConfig:
         out.append(f"listen {self.listen_host}:{self.listen_port}")
         out.append(f"store {self.store_path if self.store_path is not None else '(none)'}")
         out.append(f"journal {self.journal_path if self.journal_path is not None else 'off'}")
+        out.append(f"admin {'http://%s:%d' % self.admin if self.admin is not None else 'off'}")
         out.append(
             f"housekeeping {self.housekeeping_threads} threads, every "
             f"{format_duration(self.housekeeping_period)}"
@@ -1619,6 +1623,12 @@ class _Loader:
 
     def _journal(self, el: Any, values: dict[str, Any]) -> None:
         values["journal_path"] = Path(el.get("path"))
+
+    def _admin(self, el: Any, values: dict[str, Any]) -> None:
+        host = (el.get("host") or "127.0.0.1").strip()
+        if not host:
+            raise self.err(el, "attribute host: must not be empty")
+        values["admin"] = (host, int(el.get("port", "15672")))
 
     def _users(self, el: Any, values: dict[str, Any]) -> None:
         users: dict[str, User] = {}

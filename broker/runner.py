@@ -56,6 +56,7 @@ class Running:
     config: BrokerConfig
     plugins: Any
     housekeeping: Any = None
+    admin: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -63,6 +64,8 @@ class Running:
         return self.server.port
 
     async def stop(self) -> None:
+        if self.admin is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.admin.stop)
         if self.housekeeping is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.housekeeping.stop)
         await self.server.stop()
@@ -135,6 +138,10 @@ async def start_broker(config_path: str | Path | None = None, *, host: str | Non
                           period_for=lambda key: period_for(b.config, key))
         hk.start()
         running.housekeeping = hk
+    if config.admin is not None:
+        from broker.admin import AdminServer
+
+        running.admin = AdminServer(running, *config.admin).start()
     return running
 
 

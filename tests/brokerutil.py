@@ -32,10 +32,13 @@ CONFIG_TEMPLATE = """<?xml version="1.0"?>
 
 def write_config(directory: Path, vhost: str = "", *, store: bool = False,
                  plugins: str = "", limits: str = "", period: str = "30000",
-                 name: str = "broker.xml", journal: bool = False) -> Path:
+                 name: str = "broker.xml", journal: bool = False,
+                 admin: bool = False) -> Path:
     store_el = f'<store path="{directory / "store"}"/>' if store else ""
     if journal:
         store_el += f'\n  <journal path="{directory / "journal"}"/>'
+    if admin:
+        store_el += '\n  <admin host="127.0.0.1" port="0"/>'
     text = CONFIG_TEMPLATE.format(store=store_el, plugins=plugins, limits=limits, vhost=vhost,
                                   period=period)
     path = directory / name

@@ -428,8 +428,8 @@ def test_unknown_section_element_without_plugin() -> None:
     )
     err = fails(wrap('<queue name="q">\n<consumr/>\n</queue>'))
     assert_located(err, 4, "consumr", "no plugin registered it", "did you mean <consumer>?")
-    err = fails("<broker>\n<admin/></broker>")
-    assert_located(err, 2, "admin", "unknown element <admin> under <broker>")
+    err = fails("<broker>\n<statsd/></broker>")
+    assert_located(err, 2, "statsd", "unknown element <statsd> under <broker>")
 
 
 def test_misplaced_builtin_elements() -> None:
@@ -563,7 +563,7 @@ def registry() -> ConfigElementRegistry:
     reg = ConfigElementRegistry()
     reg.register("throttle", throttle_parser)
     reg.register(
-        "admin", lambda el, ctx: {"port": int(ctx.attr(el, "port", "15672"))}, level="broker"
+        "statsd", lambda el, ctx: {"port": int(ctx.attr(el, "port", "8125"))}, level="broker"
     )
     reg.register_policy("Throttle")
     reg.register_backoff("jittered")
@@ -572,7 +572,7 @@ def registry() -> ConfigElementRegistry:
 
 def test_plugin_element_accepted_and_parsed(registry: ConfigElementRegistry) -> None:
     cfg = parse_config(
-        '<broker>\n<admin port="9999"/>\n<virtualhost name="/">\n'
+        '<broker>\n<statsd port="9999"/>\n<virtualhost name="/">\n'
         "<throttle><rate>50</rate><burst>1KB</burst></throttle>\n"
         '<queue name="q"><throttle><rate>5</rate><window>10s</window></throttle>'
         '<consumer><depth>1MB</depth><policy name="Throttle"><options><option name="x" value="y"/></options></policy></consumer>'
@@ -585,7 +585,7 @@ def test_plugin_element_accepted_and_parsed(registry: ConfigElementRegistry) -> 
     assert vh.queues["q"].sections["throttle"] == Throttle(5.0, 10.0, 0)
     assert vh.defaults["throttle"] == Throttle(50.0, 1.0, 1024)
     assert vh.resolve("other")["throttle"] == Throttle(50.0, 1.0, 1024)
-    assert cfg.extensions["admin"] == {"port": 9999}
+    assert cfg.extensions["statsd"] == {"port": 9999}
     c = vh.queues["q"].sections.consumer
     assert c.policy.name == "Throttle" and c.policy.option("x") == "y"
     b = vh.queues["q"].sections.dead_letter.backoff
@@ -612,9 +612,9 @@ def test_plugin_parser_errors_are_located(registry: ConfigElementRegistry) -> No
     assert_located(err, 4, "throttle", "<rate> is required")
     # a broker-level plugin element placed in a queue, and a section placed under <broker>
     assert_located(
-        fails(wrap('<queue name="q">\n<admin/></queue>'), registry=registry),
+        fails(wrap('<queue name="q">\n<statsd/></queue>'), registry=registry),
         4,
-        "admin",
+        "statsd",
         "directly under <broker>",
     )
     assert_located(

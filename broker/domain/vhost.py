@@ -190,6 +190,8 @@ class VirtualHost:
         for ename, etype in STANDARD_EXCHANGES:
             self.exchanges[ename] = EXCHANGE_TYPES[etype](ename, durable=True)
         self.delayed_pending = 0
+        #: queues that received dead letters: name -> {reason: count} (for the admin API)
+        self.dead_letter_queues: dict[str, dict[str, int]] = {}
 
     # ----------------------------------------------------------------- dispatch batching
 
@@ -605,7 +607,10 @@ class VirtualHost:
             h(vhost=self.name, queue=q.name, message=msg, reason=reason, exchange=target,
               routing_key=dead.routing_key)
         if queues:
-            self.deliver_to_queues(queues, dead)
+            taken, _ = self.deliver_to_queues(queues, dead)
+            for t in taken:
+                counts = self.dead_letter_queues.setdefault(t.name, {})
+                counts[reason] = counts.get(reason, 0) + 1
         return True
 
     def make_dead_letter(self, q: Queue, msg: Message, reason: str, *, routing_key: str,
