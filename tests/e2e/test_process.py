@@ -1,0 +1,81 @@
+"""The broker as a process: the README's run command, graceful SIGTERM, bad config refused."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import amqp
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(config: Path, port: int, cwd: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "broker", "run", "--config", str(config),
+                             "--port", str(port)], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise AssertionError(proc.stdout.read())  # type: ignore[union-attr]
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the broker did not start listening")
+
+
+def test_default_config_sigterm_closes_clients_with_320_and_exits_cleanly(tmp_path):
+    port = free_port()
+    proc = start(ROOT / "config" / "default.xml", port, tmp_path)
+    try:
+        conn = amqp.Connection(host=f"127.0.0.1:{port}", userid="guest", password="guest")
+        conn.connect()
+        ch = conn.channel()
+        ch.queue_declare("survivor", durable=True, auto_delete=False)
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(amqp.exceptions.ConnectionForced) as err:
+            for _ in range(50):
+                conn.drain_events(timeout=0.1)
+        assert err.value.reply_code == 320
+        assert proc.wait(timeout=15) == 0
+        out = proc.stdout.read()  # type: ignore[union-attr]
+        assert "shutting down" in out and "stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_a_bad_config_is_refused_at_start_with_file_and_line(tmp_path):
+    bad = tmp_path / "bad.xml"
+    bad.write_text('<broker>\n<virtualhost name="/">\n<topic key="a.*"><consumer>'
+                   "<maessageAge>5</maessageAge></consumer></topic>\n</virtualhost></broker>")
+    res = subprocess.run([sys.executable, "-m", "broker", "run", "--config", str(bad), "--port",
+                          str(free_port())], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2
+    assert f"{bad}:3" in res.stderr and "maessageAge" in res.stderr
+
+
+def test_an_unknown_plugin_is_refused_at_start(tmp_path):
+    cfg = tmp_path / "p.xml"
+    cfg.write_text("<broker><plugins><plugin>no_such_plugin_module</plugin></plugins></broker>")
+    res = subprocess.run([sys.executable, "-m", "broker", "check-config", str(cfg)],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "no_such_plugin_module" in res.stderr
+    assert "could not be imported" in res.stderr
