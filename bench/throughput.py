@@ -52,6 +52,7 @@ CONFIG = """<?xml version="1.0" encoding="UTF-8"?>
   <store path="{store}"/>
   <users><user name="guest" password="guest" vhosts="/"/></users>
   <housekeeping><threads>4</threads><period>30000</period></housekeeping>
+  {plugins}
   <virtualhost name="/"/>
 </broker>
 """
@@ -85,10 +86,12 @@ def free_port() -> int:
 class OwnBroker:
     """plugbroker in a subprocess on a free loopback port."""
 
-    def __init__(self) -> None:
+    def __init__(self, plugins: list[str] | None = None) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="plugbroker-bench-"))
         self.config = self.tmp / "bench.xml"
-        self.config.write_text(CONFIG.format(store=self.tmp / "store"))
+        plugin_xml = ("<plugins>" + "".join(f"<plugin>{p}</plugin>" for p in plugins)
+                      + "</plugins>") if plugins else ""
+        self.config.write_text(CONFIG.format(store=self.tmp / "store", plugins=plugin_xml))
         self.port = free_port()
         self.log = open(self.tmp / "broker.log", "w+")
         self.proc = subprocess.Popen(
@@ -351,13 +354,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=20000, help="messages per phase")
     ap.add_argument("--mode", choices=MODES + ("all",), default="all")
     ap.add_argument("--title", help="table title")
+    ap.add_argument("--plugin", action="append", default=[],
+                    help="a plugin module to load into the broker (repeatable), e.g. "
+                    "bench.trivial_plugin to measure what one listening plugin costs")
     args = ap.parse_args(argv)
 
     own = None
     if args.url:
         url, pid = args.url, args.broker_pid
     else:
-        own = OwnBroker()
+        own = OwnBroker(args.plugin)
         url, pid = own.url, own.pid
     modes = MODES if args.mode == "all" else (args.mode,)
     results: list[Result] = []
