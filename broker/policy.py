@@ -11,7 +11,7 @@ The same functions run in the Spark backtest over snapshots rebuilt from the eve
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
