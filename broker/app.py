@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from broker.clock import Clock, SystemClock
@@ -48,15 +48,8 @@ log = logging.getLogger("broker")
 policy_log = logging.getLogger("broker.policy")
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    heartbeat: float = 60.0
-    frame_max: int = 131072
-    channel_max: int = 2047
-    handshake_timeout: float = 10.0
-    max_message_size: int = 128 * 1024 * 1024
-    #: how long the broker waits for connection.close-ok before dropping the socket
-    close_timeout: float = 1.0
+#: how long the broker waits for connection.close-ok before dropping the socket
+CLOSE_TIMEOUT = 1.0
 
 
 class Broker:
@@ -69,10 +62,9 @@ class Broker:
         self.hooks = hooks if hooks is not None else NoHooks()
         self.store = store if store is not None else MemoryStore()
         cl = config.limits
-        self.limits = Limits(heartbeat=cl.heartbeat, frame_max=cl.frame_max,
-                             channel_max=cl.channel_max or 65535,
-                             handshake_timeout=cl.handshake_timeout,
-                             max_message_size=cl.max_message_size)
+        # AMQP's channel_max 0 means "no specific limit": the protocol's own, 65535
+        self.limits = cl if cl.channel_max else replace(cl, channel_max=65535)
+        self.close_timeout = CLOSE_TIMEOUT
         self.connections: dict[str, Connection] = {}
         self._conn_seq = itertools.count(1)
         self._dirty: list[Queue] = []
@@ -536,4 +528,4 @@ class Broker:
         self.end_of_turn()
 
 
-__all__ = ["Broker", "Limits", "RESOURCE_ERROR", "SHARED"]
+__all__ = ["Broker", "CLOSE_TIMEOUT", "RESOURCE_ERROR", "SHARED"]

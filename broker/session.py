@@ -447,7 +447,7 @@ class Connection:
         if was_open == AWAIT_HEADER:
             self._drop()
             return
-        self.broker.timers.call_later(self.broker.limits.close_timeout, self._drop)
+        self.broker.timers.call_later(self.broker.close_timeout, self._drop)
 
     def _drop(self) -> None:
         if self.state == CLOSED:
@@ -1077,7 +1077,12 @@ class Connection:
             else:
                 tag, multiple, requeue = arg
                 self._reject(ch, tag, multiple, requeue, (60, 120))
-        self.send(ch.id, "tx.commit_ok")
+        if ch.vhost.store.durable:  # commit-ok once the transaction's writes are on disk
+            ch.vhost.store.after_durable(
+                lambda: self.send(ch.id, "tx.commit_ok")
+                if self.state == OPEN and not ch.closing else None)
+        else:
+            self.send(ch.id, "tx.commit_ok")
 
     def _tx_rollback(self, ch: Channel, a: tuple[Any, ...]) -> None:
         if not ch.tx:
