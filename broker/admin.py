@@ -352,7 +352,7 @@ class _Handler(BaseHTTPRequestHandler):
                       ("api", "connections"): admin.connections,
                       ("api", "dead-letters"): admin.dead_letters,
                       ("api", "blocklist"): lambda: admin.consumers(isolated_only=True)}
-            fn = simple.get(tuple(parts))
+            fn = simple.get((parts[0], parts[1])) if len(parts) == 2 else None
             if fn is not None:
                 return fn()
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "messages":
@@ -362,8 +362,8 @@ class _Handler(BaseHTTPRequestHandler):
             if parts == ["api", "reload"]:
                 return admin.reload()
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "redrive":
-                limit = query.get("limit")
-                return admin.redrive(parts[2], parts[3], int(limit[0]) if limit else None)
+                most = query.get("limit")
+                return admin.redrive(parts[2], parts[3], int(most[0]) if most else None)
         raise AdminError(404, f"no such endpoint: {method} /{'/'.join(parts)}")
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name

@@ -459,9 +459,9 @@ class Broker:
         if q is None or q.deleted:
             return "stale"
         if isinstance(a, CloseConsumerChannels):
-            channels = {}
-            for c in q.consumers:
-                channels[id(c.channel)] = c.channel
+            channels: dict[int, Any] = {}
+            for cons in q.consumers:
+                channels[id(cons.channel)] = cons.channel
             for conn_id, ch_id in list(q.getters):
                 conn = self.connections.get(conn_id)
                 ch = conn.channels.get(ch_id) if conn is not None else None
@@ -500,9 +500,8 @@ class Broker:
             self.release_consumer(c, a.reason)
             return "applied"
         if isinstance(a, CancelConsumer):
-            ch = c.channel
             q.remove_consumer(c)
-            ch.consumer_cancelled_by_broker(c)  # type: ignore[attr-defined]
+            c.channel.consumer_cancelled_by_broker(c)
             policy_log.warning("%s: consumer %s cancelled: %s", what, c.tag, a.reason)
             return "applied"
         if isinstance(a, SetPrefetch):

@@ -329,7 +329,8 @@ class ServerCodec:
     def encode_content(self, channel: int, body_size: int, properties: bytes, body: bytes) -> bytes:
         """Content header plus body frames, split at the negotiated frame_max."""
         header = _CONTENT_HDR.pack(_BASIC_CLASS, 0, body_size) + properties
-        parts = [_HDR.pack(FRAME_HEADER, channel, len(header)), header, b"\xce"]
+        parts: list[bytes | memoryview] = [_HDR.pack(FRAME_HEADER, channel, len(header)), header,
+                                           b"\xce"]
         if body:
             room = self.frame_max - FRAME_OVERHEAD
             if len(body) <= room:

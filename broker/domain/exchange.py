@@ -131,7 +131,7 @@ class FanoutExchange(Exchange):
 
     def __init__(self, name: str, **kw: Any) -> None:
         super().__init__(name, **kw)
-        self._by_key = {"": []}
+        self._by_key: dict[str, list[Destination]] = {"": []}
 
     def _added(self, b: Binding) -> None:
         self._by_key[""].append(b.destination)

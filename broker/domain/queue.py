@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, TypeGuard
 
 from broker.domain.message import Message
 
@@ -29,7 +29,7 @@ SUBSCRIPTION_TYPES = (SHARED, EXCLUSIVE, FAILOVER, KEY_SHARED)
 DEFAULT_MAX_UNACKED_PER_CONSUMER = 50_000
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -306,13 +306,12 @@ class Queue:
         levels = self.retry_levels
         if not levels:
             return 0.0
-        level = h.get("x-retry-level")
-        if not (_is_number(level) and level >= 1):
-            level = h.get("RECONSUMETIMES")
-            if isinstance(level, str) and level.isdigit():
-                level = int(level)
-        if _is_number(level) and level >= 1:
-            return levels[min(int(level), len(levels)) - 1]
+        for name in ("x-retry-level", "RECONSUMETIMES"):
+            raw = h.get(name)
+            if isinstance(raw, str) and raw.isdigit():
+                raw = int(raw)
+            if _is_number(raw) and raw >= 1:
+                return levels[min(int(raw), len(levels)) - 1]
         return 0.0
 
     def _hold_for_retry(self, msg: Message) -> bool:
