@@ -314,14 +314,20 @@ class Queue:
                 return levels[min(int(raw), len(levels)) - 1]
         return 0.0
 
-    def _hold_for_retry(self, msg: Message) -> bool:
+    def _hold_for_retry(self, msg: Message, delay: float | None = None) -> bool:
         """Retry queue: hold the message for its delay, then forward it to the target."""
-        delay = self.retry_delay(msg)
+        if delay is None:
+            delay = self.retry_delay(msg)
         self.held[msg.id] = msg
         self.bytes += msg.body_size
         self.delayed += 1
         self.vhost.timers.call_later(delay, self._forward, msg)
         return True
+
+    def restore_retry_hold(self, msg: Message, delay: float) -> None:
+        """Recovery: a stored retry-queue message waits only what was left of its delay."""
+        msg.queue_name = self.name
+        self._hold_for_retry(msg, max(0.0, delay))
 
     def _forward(self, msg: Message) -> None:
         if self.deleted or self.held.pop(msg.id, None) is None:

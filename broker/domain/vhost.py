@@ -514,6 +514,8 @@ class VirtualHost:
                 if m.persistent and q.durable and store.durable:
                     m.stored = True
                     store.add_message(q, m)
+                    if q.retry_target is not None:  # keep its due time across a restart
+                        store.hold_message(q, m, q.retry_delay(m))
             else:
                 refused = True
         return taken, refused

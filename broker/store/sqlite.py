@@ -1,0 +1,1055 @@
+"""The embedded durable store: SQLite in WAL mode, written by one thread, group-committed.
+
+What goes to disk (docs/durability.md says the same for users): durable exchanges, durable
+queues (arguments, subscription type), bindings between durable ends, persistent messages in
+durable queues (raw properties, so ``x-death`` history too, body, delivery count, a
+"delivered" flag, the wall-clock due time of a nack-backoff hold) and persistent messages held
+by a durable ``x-delayed-message`` exchange (with their wall-clock due time).
+
+Threading. The event loop never does I/O here: every call from the domain appends one small
+tuple to a list (O(1)). Once per loop turn (``loop.call_soon``) that list is handed to the
+writer thread, so the operations of one synchronous piece of domain code (e.g. settle a message
+then dead-letter a copy) always land in the same transaction. The writer takes everything
+handed over since it last woke, applies it in one transaction (an add and a remove of the same
+message inside one batch cancel out without touching the disk), commits, then runs the
+``after_durable`` callbacks of that batch on the loop (``call_soon_threadsafe``): that is when
+publisher confirms go out.
+
+Paging. Bodies of messages deep in a long ready queue are dropped from memory once on disk
+(:class:`PagedReady`); the writer reads them back in batches ahead of dispatch. A queue whose
+head body is not in memory reports itself empty to the dispatcher until the read completes,
+so the loop never waits for the disk.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections import deque
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from amqp.serialization import dumps as _amqp_dumps
+from amqp.serialization import loads as _amqp_loads
+
+from broker.config import ConfigError
+from broker.domain.queue import _Ready
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from broker.domain.exchange import Exchange
+    from broker.domain.message import Message
+    from broker.domain.queue import Queue
+
+log = logging.getLogger("broker.store")
+
+#: the layout this code writes; older layouts are migrated by MIGRATIONS, newer ones refused
+SCHEMA_VERSION = 1
+DB_NAME = "plugbroker.db"
+LOCK_NAME = "LOCK"
+
+#: ``synchronous`` pragma: NORMAL survives kill -9 (the WAL is in the OS page cache once
+#: committed); FULL also survives power loss (fsync per commit). See docs/durability.md.
+DEFAULT_SYNCHRONOUS = "NORMAL"
+SYNC_ENV = "PLUGBROKER_STORE_SYNC"
+
+#: paging: bodies of a ready queue beyond this many bytes are dropped from memory once on disk
+RESIDENT_BYTES = int(os.environ.get("PLUGBROKER_STORE_RESIDENT_BYTES", 8 * 1024 * 1024))
+#: ...but the first this many messages always keep theirs
+RESIDENT_MIN = 2048
+#: page-in: look this many messages ahead of the head, read up to LOAD_BYTES of bodies
+LOAD_WINDOW = 4096
+LOAD_BYTES = 4 * 1024 * 1024
+#: ...every LOAD_STEP messages taken from the head (and whenever the head has no body)
+LOAD_STEP = 1024
+
+# operation codes (first item of each operation tuple)
+_ADD, _REMOVE, _UPDATE, _DELIVERED, _HOLD, _DADD, _DREMOVE, _LOAD, _CALLBACK, _SQL, _SYNC = range(11)
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE exchanges (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL, auto_delete INTEGER NOT NULL,
+    internal INTEGER NOT NULL, arguments BLOB NOT NULL, PRIMARY KEY (vhost, name));
+CREATE TABLE queues (
+    qid INTEGER PRIMARY KEY, vhost TEXT NOT NULL, name TEXT NOT NULL,
+    auto_delete INTEGER NOT NULL, arguments BLOB NOT NULL, subscription TEXT NOT NULL,
+    UNIQUE (vhost, name));
+CREATE TABLE bindings (
+    vhost TEXT NOT NULL, source TEXT NOT NULL, dest_kind TEXT NOT NULL, dest TEXT NOT NULL,
+    routing_key TEXT NOT NULL, args_key TEXT NOT NULL, arguments BLOB NOT NULL,
+    PRIMARY KEY (vhost, source, dest_kind, dest, routing_key, args_key));
+CREATE TABLE messages (
+    seq INTEGER PRIMARY KEY, qid INTEGER NOT NULL, mid INTEGER NOT NULL,
+    exchange TEXT NOT NULL, routing_key TEXT NOT NULL, properties BLOB NOT NULL,
+    body BLOB NOT NULL, timestamp REAL NOT NULL, arrival REAL NOT NULL,
+    delivery_count INTEGER NOT NULL DEFAULT 0, delivered INTEGER NOT NULL DEFAULT 0,
+    due REAL);
+CREATE UNIQUE INDEX messages_by_queue ON messages (qid, mid);
+CREATE TABLE delayed (
+    mid INTEGER PRIMARY KEY, vhost TEXT NOT NULL, exchange TEXT NOT NULL,
+    routing_key TEXT NOT NULL, properties BLOB NOT NULL, body BLOB NOT NULL,
+    timestamp REAL NOT NULL, due REAL NOT NULL);
+"""
+
+#: ``{from_version: function(connection)}`` upgrading a store one version up
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+
+_TABLES = {"meta", "exchanges", "queues", "bindings", "messages", "delayed"}
+
+
+class StoreError(ConfigError):
+    """The store cannot be used (corrupt, unreadable, newer layout, locked): the broker refuses
+    to start rather than start empty. ``str()`` is ``<db file>: <what is wrong>``."""
+
+    def __init__(self, message: str, *, file: str | Path) -> None:
+        super().__init__(message, file=str(file))
+
+
+def _table(args: dict[str, Any]) -> bytes:
+    return _amqp_dumps("F", [args or {}])
+
+
+def _untable(raw: bytes) -> dict[str, Any]:
+    return _amqp_loads("F", raw, 0)[0][0] if raw else {}
+
+
+def _args_key(args: dict[str, Any]) -> str:
+    # the same canonical form the domain uses to tell bindings apart
+    return repr(tuple(sorted((k, repr(v)) for k, v in (args or {}).items())))
+
+
+# ------------------------------------------------------------------------------------- paging
+
+class PagedReady(_Ready):
+    """The ready FIFO of a durable queue, whose messages deep in the queue may have no body
+    in memory (``msg.body is None``: it is on disk).
+
+    ``bool(ready)`` is False while the head has no body: the dispatcher and basic.get see an
+    empty queue for the few milliseconds the writer takes to read the next bodies, and the
+    loop never waits. ``len(ready)`` stays the true count, so figures are unaffected.
+    """
+
+    __slots__ = ("store", "queue", "paged", "loading", "_since")
+
+    def __init__(self, store: SQLiteStore, queue: Queue) -> None:
+        super().__init__()
+        self.store = store
+        self.queue = queue
+        #: roughly how many messages have no body in memory (a hint for read-ahead)
+        self.paged = 0
+        self.loading = False
+        self._since = 0
+
+    def __bool__(self) -> bool:
+        if not len(self):
+            return False
+        if self[0].body is None:
+            if not self.loading:
+                self.load_ahead()
+            return False
+        return True
+
+    def popleft(self) -> Message:
+        m = _popleft(self)
+        if self.paged > 0:
+            self._since += 1
+            if self._since >= LOAD_STEP and not self.loading:
+                self.load_ahead()
+        return m
+
+    def peek(self) -> Message | None:
+        return self[0] if len(self) else None
+
+    def drain(self) -> list[Message]:
+        self.paged = 0
+        out = list(self)
+        self.clear()
+        return out
+
+    def load_ahead(self) -> None:
+        """Ask the writer for the missing bodies among the next messages."""
+        self._since = 0
+        need = []
+        nbytes = 0
+        for m in islice(self, LOAD_WINDOW):
+            nbytes += m.body_size
+            if m.body is None:
+                need.append(m)
+            if nbytes >= LOAD_BYTES:
+                break
+        if need:
+            self.loading = True
+            self.store.load_bodies(self, need)
+
+    def loaded(self, msgs: list[Message], bodies: list[bytes | None]) -> None:
+        """On the loop: the writer read these bodies."""
+        self.loading = False
+        q = self.queue
+        for m, b in zip(msgs, bodies):
+            if m.body is not None:
+                continue
+            if b is None:
+                if m.id in q.held and not q.deleted:
+                    log.error("message %d of queue '%s' in vhost '%s' has no body in the store; "
+                              "dropped", m.id, q.name, q.vhost.name)
+                    try:
+                        self.remove(m)
+                    except ValueError:
+                        pass
+                    else:
+                        q.ready_bytes -= m.body_size
+                    q._forget(m)
+                m.body = b""
+                continue
+            m.body = b
+            self.paged -= 1
+        if not q.deleted:
+            q.vhost.mark_dirty(q)
+
+
+_popleft = deque.popleft
+
+
+def _pageable(q: Queue) -> bool:
+    """Messages of ``q`` may lose their body in memory: no feature needs it before dispatch
+    (dead-lettering from the ready list, length limits, priorities, a consumer-choice hook)."""
+    if q.max_priority or q.max_length is not None or q.max_length_bytes is not None:
+        return False
+    if q.dlx is not None and q.message_ttl is not None:
+        return False
+    return q.vhost.hooks.select_consumer is None
+
+
+# ------------------------------------------------------------------------------ batch writing
+#
+# sqlite3's executemany releases and retakes the GIL around every row; with the event loop
+# busy, each retake can wait. One statement for many rows keeps SQLite's work for the whole
+# chunk outside the GIL (so it overlaps with the loop on another core) and costs one retake.
+
+_CHUNK = 256  # rows per statement: 12 columns x 256 = 3072 parameters (SQLite allows 32766)
+_INSERT: dict[int, str] = {}
+
+
+def _insert_sql(n: int) -> str:
+    sql = _INSERT.get(n)
+    if sql is None:
+        sql = _INSERT[n] = ("INSERT OR REPLACE INTO messages VALUES "
+                            + ",".join(["(?,?,?,?,?,?,?,?,?,?,?,?)"] * n))
+    return sql
+
+
+def _insert_rows(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Insert in statements of _CHUNK rows, the rest in power-of-two statements (so only a
+    handful of distinct statements exist, all in sqlite3's statement cache)."""
+    i, n = 0, len(rows)
+    while i < n:
+        k = _CHUNK
+        while k > n - i:
+            k //= 2
+        db.execute(_insert_sql(k), [v for row in rows[i:i + k] for v in row])
+        i += k
+
+
+def _by_queue(db: sqlite3.Connection, sql: str, keys: Any) -> None:
+    """``sql`` (with ``qid = ?`` and ``mid IN ({})``) once per queue and chunk of ids."""
+    groups: dict[int, list[int]] = {}
+    for qid, mid in keys:
+        g = groups.get(qid)
+        if g is None:
+            groups[qid] = [mid]
+        else:
+            g.append(mid)
+    for qid, mids in groups.items():
+        i, n = 0, len(mids)
+        while i < n:
+            k = _CHUNK * 4
+            while k > n - i:
+                k //= 2
+            db.execute(sql.format(",".join("?" * k)), (qid, *mids[i:i + k]))
+            i += k
+
+
+# -------------------------------------------------------------------------------------- store
+
+class SQLiteStore:
+    """The :class:`broker.store.Store` kept in ``<dir>/plugbroker.db``."""
+
+    durable = True
+
+    def __init__(self, path: str | Path, *, synchronous: str | None = None) -> None:
+        self.dir = Path(path)
+        self.file = self.dir / DB_NAME
+        self.synchronous = (synchronous or os.environ.get(SYNC_ENV) or DEFAULT_SYNCHRONOUS
+                            ).upper()
+        if self.synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise StoreError(f"unknown synchronous mode {self.synchronous!r}", file=self.file)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the store directory: {exc}", file=self.dir) from None
+        self._lock_fd = self._lock()
+        try:
+            self._db = self._open()
+            self._load_ids()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._clock: Any = None
+        self._broker: Any = None
+        #: operations of the current loop turn, not yet handed to the writer
+        self._pending: list[tuple[Any, ...]] = []
+        #: operation lists handed to the writer (deque: append/popleft are thread-safe)
+        self._handed: deque[list[tuple[Any, ...]]] = deque()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._closed = False
+        self._recovering = False
+        self._failed: str | None = None
+        #: id(msg) -> msg: added deep in a queue, body to drop once committed (if still ready)
+        self._pageout: dict[int, Message] = {}
+        self._offset: float | None = None  # wall - monotonic, computed once per turn
+        #: counters (read by tests and the benchmark)
+        self.batches = 0
+        self.ops_written = 0
+        self.rows_inserted = 0
+        self.rows_deleted = 0
+        self.t_apply = 0.0  # seconds in the writer building and executing batches
+        self.t_commit = 0.0  # ...and committing them
+        self._thread = threading.Thread(target=self._writer, name="store-writer", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ opening
+
+    def _lock(self) -> int:
+        lock = self.dir / LOCK_NAME
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot open the lock file: {exc}", file=lock) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StoreError("the store is in use by another broker process (locked)",
+                             file=self.file) from None
+        return fd
+
+    def _open(self) -> sqlite3.Connection:
+        existed = self.file.exists() and self.file.stat().st_size > 0
+        try:
+            db = sqlite3.connect(str(self.file), isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store: {exc}", file=self.file) from None
+        try:
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise StoreError(f"cannot switch the store to WAL mode (got {mode})",
+                                 file=self.file)
+            db.execute(f"PRAGMA synchronous={self.synchronous}")
+            db.execute("PRAGMA cache_size=-65536")
+            db.execute("PRAGMA temp_store=MEMORY")
+            db.execute("PRAGMA wal_autocheckpoint=4096")
+            db.execute("PRAGMA journal_size_limit=67108864")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in db.execute(
+                "SELECT name FROM sqlite_master WHERE type='table'")}
+            if version == 0 and not tables:
+                if existed:
+                    log.info("store %s is empty; creating the layout", self.file)
+                self._create(db)
+            else:
+                if version == 0:
+                    raise StoreError(
+                        "not a plugbroker store (tables without a schema version); refusing "
+                        "to use it — move it aside", file=self.file)
+                if version > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"the store has layout version {version}, newer than this broker's "
+                        f"{SCHEMA_VERSION}; refusing to start (use a newer plugbroker)",
+                        file=self.file)
+                while version < SCHEMA_VERSION:
+                    migrate = MIGRATIONS.get(version)
+                    if migrate is None:
+                        raise StoreError(
+                            f"the store has layout version {version}, which this broker "
+                            f"(version {SCHEMA_VERSION}) cannot migrate; refusing to start",
+                            file=self.file)
+                    log.warning("migrating store %s from layout %d to %d", self.file, version,
+                                version + 1)
+                    db.execute("BEGIN IMMEDIATE")
+                    migrate(db)
+                    version += 1
+                    db.execute(f"PRAGMA user_version={version}")
+                    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                               (str(version),))
+                    db.execute("COMMIT")
+                missing = _TABLES - {r[0] for r in db.execute(
+                    "SELECT name FROM sqlite_master WHERE type='table'")}
+                if missing:
+                    raise StoreError(f"the store lacks table(s) {', '.join(sorted(missing))}; "
+                                     "refusing to start", file=self.file)
+                check = db.execute("PRAGMA quick_check").fetchall()
+                if check != [("ok",)]:
+                    detail = "; ".join(str(r[0]) for r in check[:3])
+                    raise StoreError(f"the store is corrupt ({detail}); refusing to start — "
+                                     "restore a backup or move it aside", file=self.file)
+        except StoreError:
+            db.close()
+            raise
+        except sqlite3.Error as exc:
+            db.close()
+            raise StoreError(f"the store is corrupt or unreadable ({exc}); refusing to start — "
+                             "restore a backup or move it aside", file=self.file) from None
+        return db
+
+    @staticmethod
+    def _create(db: sqlite3.Connection) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        for stmt in _SCHEMA.split(";"):
+            if stmt.strip():
+                db.execute(stmt)
+        db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        db.execute("INSERT INTO meta VALUES ('created', ?)", (repr(time.time()),))
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        db.execute("COMMIT")
+
+    def _load_ids(self) -> None:
+        db = self._db
+        try:
+            self._queues: dict[tuple[str, str], int] = {
+                (v, n): qid for qid, v, n in db.execute("SELECT qid, vhost, name FROM queues")}
+            self._next_qid = (db.execute("SELECT max(qid) FROM queues").fetchone()[0] or 0) + 1
+            self._seq = (db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0) + 1
+        except sqlite3.Error as exc:
+            raise StoreError(f"the store is corrupt or unreadable ({exc}); refusing to start",
+                             file=self.file) from None
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The broker's loop is known: callbacks run there from now on."""
+        self._loop = loop
+        if self._pending:
+            self._handoff()
+
+    # ------------------------------------------------------------------ loop side: O(1) each
+
+    def _op(self, op: tuple[Any, ...]) -> None:
+        p = self._pending
+        p.append(op)
+        if len(p) == 1:
+            loop = self._loop
+            if loop is not None:
+                loop.call_soon(self._handoff)
+
+    def _handoff(self) -> None:
+        ops = self._pending
+        if not ops:
+            return
+        self._pending = []
+        self._offset = None
+        self._handed.append(ops)
+        self._wake.set()
+
+    def _wall(self, mono: float) -> float:
+        off = self._offset
+        if off is None:
+            c = self._clock
+            off = self._offset = (c.time() - c.monotonic()) if c is not None else (
+                time.time() - time.monotonic())
+        return mono + off
+
+    def _now_wall(self) -> float:
+        c = self._clock
+        return c.time() if c is not None else time.time()
+
+    def add_message(self, queue: Queue, msg: Message) -> None:
+        qid = getattr(queue, "store_qid", 0)
+        if not qid or msg.body is None:
+            if msg.body is None:  # a copy of a paged message: must not happen (see _pageable)
+                log.error("message %d for queue '%s' has no body in memory; not stored",
+                          msg.id, queue.name)
+            msg.stored = False
+            return
+        seq = self._seq
+        self._seq = seq + 1
+        page = None
+        r = queue.ready
+        if (type(r) is PagedReady and len(r) > RESIDENT_MIN and queue.ready_bytes > RESIDENT_BYTES
+                and msg.expires_at is None):
+            page = r
+            self._pageout[id(msg)] = msg
+        p = self._pending
+        p.append((_ADD, qid, msg.id, seq, msg.exchange, msg.routing_key, msg.properties,
+                  msg.body, msg.timestamp, self._wall(msg.arrival), msg.delivery_count,
+                  page, msg))
+        if len(p) == 1 and self._loop is not None:
+            self._loop.call_soon(self._handoff)
+
+    def remove_message(self, queue: Queue, msg: Message) -> None:
+        qid = getattr(queue, "store_qid", 0)
+        if qid:
+            if self._pageout:
+                self._pageout.pop(id(msg), None)
+            p = self._pending
+            p.append((_REMOVE, qid, msg.id))
+            if len(p) == 1 and self._loop is not None:
+                self._loop.call_soon(self._handoff)
+
+    def update_message(self, queue: Queue, msg: Message) -> None:
+        qid = getattr(queue, "store_qid", 0)
+        if qid:
+            self._op((_UPDATE, qid, msg.id, msg.delivery_count))
+
+    def delivered(self, queue: Queue, msg: Message) -> None:
+        """A stored message went to a consumer for the first time (redelivered after a
+        restart if it is still there)."""
+        qid = getattr(queue, "store_qid", 0)
+        if qid:
+            if self._pageout:
+                self._pageout.pop(id(msg), None)
+            p = self._pending
+            p.append((_DELIVERED, qid, msg.id))
+            if len(p) == 1 and self._loop is not None:
+                self._loop.call_soon(self._handoff)
+
+    def hold_message(self, queue: Queue, msg: Message, delay: float) -> None:
+        """A stored message is held back (nack backoff) for ``delay`` seconds."""
+        if self._recovering:
+            return
+        qid = getattr(queue, "store_qid", 0)
+        if qid:
+            self._op((_HOLD, qid, msg.id, self._now_wall() + delay))
+
+    def add_delayed(self, vhost: str, exchange: Exchange, msg: Message, delay: float) -> None:
+        """A persistent message is held by a durable x-delayed-message exchange."""
+        if self._recovering:
+            return
+        self._op((_DADD, msg.id, vhost, exchange.name, msg.routing_key, msg.properties,
+                  msg.body, msg.timestamp, self._now_wall() + delay))
+
+    def remove_delayed(self, vhost: str, msg: Message) -> None:
+        self._op((_DREMOVE, msg.id))
+
+    def load_bodies(self, ready: PagedReady, msgs: list[Message]) -> None:
+        qid = getattr(ready.queue, "store_qid", 0)
+        self._op((_LOAD, qid, [m.id for m in msgs], ready, msgs))
+
+    def after_durable(self, callback: Callable[[], None]) -> None:
+        p = self._pending
+        p.append((_CALLBACK, callback))
+        if len(p) == 1 and self._loop is not None:
+            self._loop.call_soon(self._handoff)
+
+    # topology: rare, written as SQL statements in order with the message operations
+
+    def _sql(self, *stmts: tuple[str, tuple[Any, ...]]) -> None:
+        self._op((_SQL, stmts))
+
+    def _install_pager(self, q: Queue) -> None:
+        if type(q.ready) is _Ready and not len(q.ready) and _pageable(q):
+            q.ready = PagedReady(self, q)
+
+    def save_queue(self, queue: Queue) -> None:
+        if queue.exclusive_owner is not None:
+            queue.store_qid = 0  # type: ignore[attr-defined]
+            return  # exclusive queues end with their connection: never kept across restarts
+        key = (queue.vhost.name, queue.name)
+        qid = self._queues.get(key)
+        if qid is None:
+            qid = self._queues[key] = self._next_qid
+            self._next_qid += 1
+        queue.store_qid = qid  # type: ignore[attr-defined]
+        self._install_pager(queue)
+        if self._recovering:
+            return
+        self._sql(("INSERT OR REPLACE INTO queues VALUES (?, ?, ?, ?, ?, ?)",
+                   (qid, key[0], key[1], int(queue.auto_delete), _table(queue.arguments),
+                    queue.subscription_type)))
+
+    def delete_queue(self, vhost: str, name: str) -> None:
+        qid = self._queues.pop((vhost, name), None)
+        if qid is None:
+            return
+        self._sql(("DELETE FROM messages WHERE qid = ?", (qid,)),
+                  ("DELETE FROM queues WHERE qid = ?", (qid,)),
+                  ("DELETE FROM bindings WHERE vhost = ? AND dest_kind = 'queue' AND dest = ?",
+                   (vhost, name)))
+
+    def save_exchange(self, vhost: str, exchange: Exchange) -> None:
+        if self._recovering:
+            return
+        self._sql(("INSERT OR REPLACE INTO exchanges VALUES (?, ?, ?, ?, ?, ?)",
+                   (vhost, exchange.name, exchange.type, int(exchange.auto_delete),
+                    int(exchange.internal), _table(exchange.arguments))))
+
+    def delete_exchange(self, vhost: str, name: str) -> None:
+        self._sql(("DELETE FROM exchanges WHERE vhost = ? AND name = ?", (vhost, name)),
+                  ("DELETE FROM bindings WHERE vhost = ? AND (source = ? OR "
+                   "(dest_kind = 'exchange' AND dest = ?))", (vhost, name, name)),
+                  ("DELETE FROM delayed WHERE vhost = ? AND exchange = ?", (vhost, name)))
+
+    def save_binding(self, vhost: str, source: str, dest_kind: str, dest: str, key: str,
+                     arguments: dict[str, Any]) -> None:
+        if self._recovering:
+            return
+        self._sql(("INSERT OR IGNORE INTO bindings VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   (vhost, source, dest_kind, dest, key, _args_key(arguments),
+                    _table(arguments))))
+
+    def delete_binding(self, vhost: str, source: str, dest_kind: str, dest: str, key: str,
+                       arguments: dict[str, Any]) -> None:
+        self._sql(("DELETE FROM bindings WHERE vhost = ? AND source = ? AND dest_kind = ? AND "
+                   "dest = ? AND routing_key = ? AND args_key = ?",
+                   (vhost, source, dest_kind, dest, key, _args_key(arguments))))
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _writer(self) -> None:
+        handed = self._handed
+        wake = self._wake
+        while True:
+            wake.wait()
+            wake.clear()
+            ops: list[tuple[Any, ...]] = []
+            while handed:
+                ops.extend(handed.popleft())
+            if ops:
+                self._write(ops)
+            if self._stopping and not handed:
+                return
+
+    def _write(self, ops: list[tuple[Any, ...]]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                result = self._apply(ops)
+                break
+            except Exception as exc:  # sqlite3.Error (disk full, I/O) or a bug: never confirm
+                if not isinstance(exc, sqlite3.Error):
+                    log.exception("%s: store write failed", self.file)
+                try:
+                    self._db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                reason = f"store write failed ({exc}); confirms are held until it succeeds"
+                if self._failed is None:
+                    log.error("%s: %s", self.file, reason)
+                    self._failed = reason
+                    self._call_loop(self._alarm, "store: " + reason)
+                if self._stopping and delay > 1.0:
+                    log.error("%s: giving up on %d operations at shutdown", self.file, len(ops))
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        if self._failed is not None:
+            log.warning("%s: store writes succeed again", self.file)
+            self._failed = None
+            self._call_loop(self._alarm, None)
+        self.batches += 1
+        self.ops_written += len(ops)
+        callbacks, pageouts, loads, syncs, written = result
+        self.rows_inserted += written[0]
+        self.rows_deleted += written[1]
+        for ev in syncs:
+            ev.set()
+        if callbacks or pageouts or loads:
+            self._call_loop(self._committed, callbacks, pageouts, loads)
+
+    def _call_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed (shutdown)
+            pass
+
+    def _apply(self, ops: list[tuple[Any, ...]]
+               ) -> tuple[list[Any], list[Any], list[Any], list[threading.Event], list[int]]:
+        """One transaction for a batch; returns what the loop must hear about afterwards."""
+        db = self._db
+        adds: dict[tuple[int, int], tuple[Any, ...]] = {}
+        dels: dict[tuple[int, int], None] = {}
+        counts: dict[tuple[int, int], int] = {}
+        delivered: dict[tuple[int, int], None] = {}
+        holds: dict[tuple[int, int], float] = {}
+        dadds: dict[int, tuple[Any, ...]] = {}
+        ddels: dict[int, None] = {}
+        callbacks: list[Callable[[], None]] = []
+        syncs: list[threading.Event] = []
+        pageouts: list[tuple[PagedReady, Message]] = []
+        loads: list[tuple[Any, ...]] = []
+        written = [0, 0]  # rows inserted, rows deleted
+
+        def flush() -> None:
+            if adds:
+                rows = []
+                for key, op in adds.items():
+                    cnt = counts.pop(key, op[10])
+                    dl = 1 if delivered.pop(key, 0) is None else 0
+                    rows.append((op[3], op[1], op[2], op[4], op[5], op[6], op[7], op[8], op[9],
+                                 cnt, dl, holds.pop(key, None)))
+                    if op[11] is not None:
+                        pageouts.append((op[11], op[12]))
+                _insert_rows(db, rows)
+                written[0] += len(rows)
+                adds.clear()
+            if counts:
+                db.executemany("UPDATE messages SET delivery_count = ? WHERE qid = ? AND mid = ?",
+                               [(c, k[0], k[1]) for k, c in counts.items()])
+                counts.clear()
+            if delivered:
+                _by_queue(db, "UPDATE messages SET delivered = 1 WHERE qid = ? AND mid IN ({})",
+                          delivered)
+                delivered.clear()
+            if holds:
+                db.executemany("UPDATE messages SET due = ? WHERE qid = ? AND mid = ?",
+                               [(d, k[0], k[1]) for k, d in holds.items()])
+                holds.clear()
+            if dels:
+                _by_queue(db, "DELETE FROM messages WHERE qid = ? AND mid IN ({})", dels)
+                written[1] += len(dels)
+                dels.clear()
+            if dadds:
+                db.executemany("INSERT OR REPLACE INTO delayed VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                               [op[1:] for op in dadds.values()])
+                dadds.clear()
+            if ddels:
+                db.executemany("DELETE FROM delayed WHERE mid = ?", [(m,) for m in ddels])
+                ddels.clear()
+
+        t_start = time.perf_counter()
+        db.execute("BEGIN")
+        for op in ops:
+            kind = op[0]
+            if kind == _ADD:
+                key = (op[1], op[2])
+                adds[key] = op
+                dels.pop(key, None)
+            elif kind == _CALLBACK:
+                callbacks.append(op[1])
+            elif kind == _REMOVE:
+                key = (op[1], op[2])
+                counts.pop(key, None)
+                delivered.pop(key, None)
+                holds.pop(key, None)
+                if adds.pop(key, None) is None:
+                    dels[key] = None
+            elif kind == _DELIVERED:
+                delivered[(op[1], op[2])] = None
+            elif kind == _UPDATE:
+                counts[(op[1], op[2])] = op[3]
+            elif kind == _HOLD:
+                holds[(op[1], op[2])] = op[3]
+            elif kind == _DADD:
+                dadds[op[1]] = op
+                ddels.pop(op[1], None)
+            elif kind == _DREMOVE:
+                if dadds.pop(op[1], None) is None:
+                    ddels[op[1]] = None
+            elif kind == _LOAD:
+                loads.append(op)
+            elif kind == _SYNC:
+                syncs.append(op[1])
+            elif kind == _SQL:
+                flush()
+                for sql, params in op[1]:
+                    db.execute(sql, params)
+        flush()
+        t_commit = time.perf_counter()
+        db.execute("COMMIT")
+        self.t_apply += t_commit - t_start
+        self.t_commit += time.perf_counter() - t_commit
+        results = []
+        for _, qid, mids, ready, msgs in loads:
+            found: dict[int, bytes] = {}
+            for lo in range(0, len(mids), _CHUNK):
+                part = mids[lo:lo + _CHUNK]
+                found.update(db.execute(
+                    "SELECT mid, body FROM messages WHERE qid = ? AND mid IN "
+                    f"({','.join('?' * len(part))})", (qid, *part)))
+            results.append((ready, msgs, [found.get(mid) for mid in mids]))
+        return callbacks, pageouts, results, syncs, written
+
+    def _committed(self, callbacks: list[Callable[[], None]],
+                   pageouts: list[tuple[PagedReady, Message]],
+                   loads: list[tuple[PagedReady, list[Message], list[bytes | None]]]) -> None:
+        """On the loop, after a commit: drop paged-out bodies, deliver reads, run callbacks."""
+        if pageouts:
+            pending = self._pageout
+            for ready, m in pageouts:
+                if pending.pop(id(m), None) is not None and m.body is not None:
+                    m.body = None  # type: ignore[assignment]  # on disk; see PagedReady
+                    ready.paged += 1
+        for ready, msgs, bodies in loads:
+            ready.loaded(msgs, bodies)
+        for cb in callbacks:
+            try:
+                cb()
+            except Exception:
+                log.exception("after-durable callback failed")
+
+    def _alarm(self, reason: str | None) -> None:
+        b = self._broker
+        if b is not None and hasattr(b, "set_alarm"):
+            b.set_alarm(reason)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Block until everything submitted so far is committed (tests, tools). Not for the
+        loop's hot path: it waits for the disk."""
+        done = threading.Event()
+        self._pending.append((_SYNC, done))
+        self._handoff()
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        """Write out everything pending, stop the writer, checkpoint, release the lock."""
+        if self._closed:
+            return
+        self._closed = True
+        self._handoff()
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(60)
+        if self._thread.is_alive():
+            log.error("%s: the store writer did not finish within 60 s", self.file)
+            return
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._db.close()
+        except sqlite3.Error as exc:
+            log.warning("%s: closing the store: %s", self.file, exc)
+        os.close(self._lock_fd)
+        log.info("store %s closed (%d batches, %d operations written; %d message rows "
+                 "inserted, %d deleted; writer busy %.2f s, of which commits %.2f s)",
+                 self.file, self.batches, self.ops_written, self.rows_inserted,
+                 self.rows_deleted, self.t_apply + self.t_commit, self.t_commit)
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self, broker: Any) -> dict[str, int]:
+        """Load exchanges, queues, bindings, then messages (in their order per queue) and
+        held delayed messages into ``broker``. Runs before the server listens."""
+        from broker.domain import vhost as vhost_mod
+        from broker.domain.exchange import DelayedExchange
+        from broker.domain.message import Message
+        from broker.errors import AMQPError
+
+        self._broker = broker
+        self._clock = clock = broker.clock
+        db = self._db
+        stats = dict(exchanges=0, queues=0, bindings=0, messages=0, delayed=0, dropped=0)
+        now_w = clock.time()
+        now_m = clock.monotonic()
+        self._recovering = True
+        t0 = time.monotonic()
+        try:
+            max_mid = 0
+            for vh_name, name, type_, auto_delete, internal, args in db.execute(
+                    "SELECT vhost, name, type, auto_delete, internal, arguments FROM exchanges"):
+                vh = broker.vhosts.get(vh_name)
+                if vh is None:
+                    log.warning("store: exchange '%s' of unknown vhost '%s' kept on disk, not "
+                                "loaded", name, vh_name)
+                    continue
+                if name in vh.exchanges:
+                    continue
+                try:
+                    vh.declare_exchange(name, type_, durable=True, auto_delete=bool(auto_delete),
+                                        internal=bool(internal), arguments=_untable(args))
+                    stats["exchanges"] += 1
+                except AMQPError as exc:
+                    log.warning("store: exchange '%s' in vhost '%s' not restored: %s", name,
+                                vh_name, exc)
+
+            by_qid: dict[int, Queue] = {}
+            for qid, vh_name, name, auto_delete, args, stype in db.execute(
+                    "SELECT qid, vhost, name, auto_delete, arguments, subscription FROM queues"):
+                vh = broker.vhosts.get(vh_name)
+                if vh is None:
+                    log.warning("store: queue '%s' of unknown vhost '%s' kept on disk, not "
+                                "loaded", name, vh_name)
+                    continue
+                q = vh.queues.get(name)
+                if q is None:
+                    try:
+                        q, _ = vh.declare_queue(name, durable=True,
+                                                auto_delete=bool(auto_delete),
+                                                arguments=_untable(args),
+                                                subscription_type=stype or None)
+                    except AMQPError as exc:
+                        log.warning("store: queue '%s' in vhost '%s' not restored: %s", name,
+                                    vh_name, exc)
+                        continue
+                    stats["queues"] += 1
+                elif not q.durable:
+                    log.warning("store: queue '%s' in vhost '%s' is declared non-durable by the "
+                                "configuration; its stored messages are kept on disk, not loaded",
+                                name, vh_name)
+                    continue
+                q.store_qid = qid  # type: ignore[attr-defined]
+                self._install_pager(q)
+                by_qid[qid] = q
+
+            for vh_name, source, kind, dest, key, args in db.execute(
+                    "SELECT vhost, source, dest_kind, dest, routing_key, arguments "
+                    "FROM bindings"):
+                vh = broker.vhosts.get(vh_name)
+                if vh is None:
+                    continue
+                src = vh.exchanges.get(source)
+                dst = vh.queues.get(dest) if kind == "queue" else vh.exchanges.get(dest)
+                arguments = _untable(args)
+                if src is None or dst is None or not src.durable or not dst.durable:
+                    log.warning("store: binding %s -> %s '%s' (key %r) in vhost '%s' has a "
+                                "missing end; dropped", source, kind, dest, key, vh_name)
+                    self.delete_binding(vh_name, source, kind, dest, key, arguments)
+                    continue
+                try:
+                    vh.bind(src, dst, key, arguments)
+                    stats["bindings"] += 1
+                except AMQPError as exc:
+                    log.warning("store: binding %s -> %s in vhost '%s' not restored: %s",
+                                source, dest, vh_name, exc)
+
+            pageable = {qid for qid, q in by_qid.items() if type(q.ready) is PagedReady}
+            per_queue: dict[int, tuple[list[Message], list[tuple[Message, float]]]] = {}
+            orphans: set[int] = set()
+            known_qids = set(self._queues.values())
+            cur = db.execute(
+                "SELECT qid, mid, exchange, routing_key, properties, "
+                f"CASE WHEN qid IN ({','.join(str(q) for q in pageable) or '0'}) THEN NULL "
+                "ELSE body END, length(body), timestamp, arrival, delivery_count, delivered, due "
+                "FROM messages ORDER BY seq")
+            for (qid, mid, ex, rk, props, body, size, ts, arrival, count, dlv, due) in cur:
+                if mid > max_mid:
+                    max_mid = mid
+                q = by_qid.get(qid)
+                if q is None:
+                    if qid not in known_qids:
+                        orphans.add(qid)
+                    continue
+                try:
+                    m = Message.from_publish(mid, ex, rk, props, body, size,
+                                             now_m - max(0.0, now_w - arrival), ts)
+                except Exception as exc:
+                    log.error("store: message %d of queue '%s' is unreadable (%s); dropped",
+                              mid, q.name, exc)
+                    self._op((_REMOVE, qid, mid))
+                    stats["dropped"] += 1
+                    continue
+                if body is None and m.expiration is not None and q.dlx is not None:
+                    # it may expire into a dead-letter exchange from the ready list: keep its
+                    # body in memory (what _pageable ensures for messages added live)
+                    m.body = db.execute("SELECT body FROM messages WHERE qid = ? AND mid = ?",
+                                        (qid, mid)).fetchone()[0]
+                m.delivery_count = count
+                m.redelivered = bool(dlv or count)
+                m.stored = True
+                lists = per_queue.get(qid)
+                if lists is None:
+                    lists = per_queue[qid] = ([], [])
+                if getattr(by_qid.get(qid), "retry_target", None) is not None and due is not None:
+                    # a retry queue's hold: the rest of its delay, or at once if it passed;
+                    # it is forwarded whole, so its body comes back into memory now
+                    if m.body is None:
+                        m.body = db.execute("SELECT body FROM messages WHERE qid = ? AND "
+                                            "mid = ?", (qid, mid)).fetchone()[0]
+                    by_qid[qid].restore_retry_hold(m, due - now_w)
+                    stats["messages"] += 1
+                    continue
+                if due is not None and due > now_w:
+                    lists[1].append((m, due - now_w))
+                else:
+                    lists[0].append(m)
+            for qid in orphans:
+                log.warning("store: messages of a queue with no record (id %d) dropped", qid)
+                self._sql(("DELETE FROM messages WHERE qid = ?", (qid,)))
+
+            for qid, (ready, held) in per_queue.items():
+                q = by_qid[qid]
+                for m, delay in held:  # first, so each removal from the ready list is O(1)
+                    if self._enqueue(q, m):
+                        q.ready.remove(m)
+                        q.ready_bytes -= m.body_size
+                        q.hold_back(m, delay)
+                        stats["messages"] += 1
+                for m in ready:
+                    if self._enqueue(q, m):
+                        stats["messages"] += 1
+                    else:
+                        stats["dropped"] += 1
+                r = q.ready
+                if type(r) is PagedReady:
+                    self._load_resident(q, r)
+
+            for mid, vh_name, ex_name, rk, props, body, ts, due in db.execute(
+                    "SELECT mid, vhost, exchange, routing_key, properties, body, timestamp, due "
+                    "FROM delayed ORDER BY due"):
+                if mid > max_mid:
+                    max_mid = mid
+                vh = broker.vhosts.get(vh_name)
+                ex = vh.exchanges.get(ex_name) if vh is not None else None
+                if not isinstance(ex, DelayedExchange):
+                    if vh is not None:
+                        log.warning("store: delayed message %d for missing exchange '%s' in "
+                                    "vhost '%s' dropped", mid, ex_name, vh_name)
+                        self._op((_DREMOVE, mid))
+                    continue
+                m = Message.from_publish(mid, ex_name, rk, props, body, len(body), now_m, ts)
+                vh.hold_delayed(ex, m, max(0.0, due - now_w))
+                m.stored = True
+                stats["delayed"] += 1
+            if max_mid:
+                vhost_mod.advance_message_ids(max_mid)
+        except sqlite3.Error as exc:
+            raise StoreError(f"the store is corrupt or unreadable ({exc}); refusing to start — "
+                             "restore a backup or move it aside", file=self.file) from None
+        finally:
+            self._recovering = False
+        log.info("store %s recovered in %.2f s: %d exchanges, %d queues, %d bindings, "
+                 "%d messages, %d delayed", self.file, time.monotonic() - t0,
+                 stats["exchanges"], stats["queues"], stats["bindings"], stats["messages"],
+                 stats["delayed"])
+        return stats
+
+    def _enqueue(self, q: Queue, m: Message) -> bool:
+        if q.enqueue(m):
+            return True
+        # refused (reject-publish overflow under a changed configuration)
+        m.stored = False
+        self.remove_message(q, m)
+        return False
+
+    def _load_resident(self, q: Queue, r: PagedReady) -> None:
+        """Read the bodies of the head of a recovered paged queue now (before listening)."""
+        nbytes = 0
+        n = 0
+        qid = q.store_qid  # type: ignore[attr-defined]
+        cur = self._db.cursor()
+        for m in r:
+            if n >= RESIDENT_MIN and nbytes >= RESIDENT_BYTES // 2:
+                break
+            n += 1
+            nbytes += m.body_size
+            if m.body is None:
+                row = cur.execute("SELECT body FROM messages WHERE qid = ? AND mid = ?",
+                                  (qid, m.id)).fetchone()
+                m.body = row[0] if row is not None else b""
+        paged = 0
+        for m in islice(r, n, None):
+            if m.body is None:
+                paged += 1
+        r.paged = paged
+
+
+__all__ = ["DB_NAME", "PagedReady", "SCHEMA_VERSION", "SQLiteStore", "StoreError"]

@@ -1,0 +1,492 @@
+"""The SQLite store with the real domain (virtual host, queues, messages) on a manual clock.
+
+No sockets: a fake loop collects what the store schedules, :meth:`SQLiteStore.flush` waits for
+the writer, and :meth:`FakeLoop.run` runs the callbacks the writer posted back.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pytest
+
+from broker.clock import ManualClock
+from broker.codec import properties as P
+from broker.domain.exchange import DelayedExchange
+from broker.domain.message import Message
+from broker.domain.timers import Timers
+from broker.domain.vhost import VirtualHost, next_message_id
+from broker.store import sqlite as S
+from broker.store.sqlite import PagedReady, SQLiteStore, StoreError
+
+
+class FakeLoop:
+    def __init__(self) -> None:
+        self.ready: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self.lock = threading.Lock()
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        with self.lock:
+            self.ready.append((fn, args))
+
+    call_soon_threadsafe = call_soon
+
+    def run(self) -> int:
+        n = 0
+        while True:
+            with self.lock:
+                batch, self.ready = self.ready, []
+            if not batch:
+                return n
+            for fn, args in batch:
+                fn(*args)
+                n += 1
+
+
+class World:
+    """A vhost on a store, restartable: :meth:`restart` closes the store and recovers a new
+    vhost from the same directory."""
+
+    def __init__(self, path: Path, clock: ManualClock) -> None:
+        self.path = path
+        self.clock = clock
+        self.open()
+
+    def open(self) -> None:
+        self.store = SQLiteStore(self.path)
+        self.timers = Timers(self.clock)
+        self.vh = VirtualHost("/", clock=self.clock, timers=self.timers, store=self.store)
+        self.broker = SimpleNamespace(clock=self.clock, vhosts={"/": self.vh},
+                                      set_alarm=lambda reason: None)
+        self.stats = self.store.recover(self.broker)
+        self.loop = FakeLoop()
+        self.store.bind_loop(self.loop)
+
+    def sync(self) -> None:
+        """Hand over this turn's operations, wait for the commit, run what comes back."""
+        self.loop.run()
+        assert self.store.flush(10)
+        self.loop.run()
+
+    def restart(self, *, graceful: bool = True) -> None:
+        if graceful:
+            self.store.close()
+        else:  # what kill -9 leaves: no checkpoint, no final flush of the pending turn
+            self.store._pending.clear()
+            self.store._stopping = True
+            self.store._wake.set()
+            self.store._thread.join(5)
+            self.store._db.close()
+            import os
+            os.close(self.store._lock_fd)
+        self.open()
+
+    def publish(self, queue: str, body: bytes, *, persistent: bool = True,
+                exchange: str = "", headers: dict[str, Any] | None = None) -> Message:
+        props: dict[str, Any] = {"delivery_mode": 2 if persistent else 1}
+        if headers:
+            props["application_headers"] = headers
+        raw = P.encode(props)
+        msg = Message.from_publish(next_message_id(), exchange, queue, raw, body, len(body),
+                                   self.clock.monotonic(), self.clock.time())
+        ex = self.vh.exchanges[exchange]
+        if isinstance(ex, DelayedExchange):
+            self.vh.hold_delayed(ex, msg, DelayedExchange.delay_of(msg))
+        else:
+            self.vh.deliver_to_queues(self.vh.route(ex, msg), msg)
+        return msg
+
+    def rows(self, sql: str = "SELECT count(*) FROM messages") -> Any:
+        db = sqlite3.connect(str(self.path / S.DB_NAME))
+        try:
+            return db.execute(sql).fetchall()
+        finally:
+            db.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Any:
+    w = World(tmp_path / "store", ManualClock())
+    yield w
+    w.store.close()
+
+
+def bodies(q: Any) -> list[bytes]:
+    return [m.body for m in q.ready]
+
+
+def take_all(world: World, q: Any) -> list[Message]:
+    """basic.get until empty, letting the writer read paged bodies back when the head has
+    none (q.get() answers None meanwhile)."""
+    got = []
+    stalls = 0
+    while len(q.ready):
+        m = q.get()
+        if m is None:
+            stalls += 1
+            assert stalls < 100
+            world.sync()
+            continue
+        got.append(m)
+    return got
+
+
+def test_confirm_callback_runs_after_the_commit(world: World) -> None:
+    q, _ = world.vh.declare_queue("q", durable=True)
+    world.publish("q", b"one")
+    fired: list[int] = []
+    world.store.after_durable(lambda: fired.append(world.rows()[0][0]))
+    world.loop.run()  # hands the turn to the writer; the callback is not on the loop yet
+    assert world.store.flush(10)
+    assert fired == []
+    world.loop.run()
+    assert fired == [1]  # when it ran, the row was already committed
+
+
+def test_add_and_remove_in_one_batch_never_touch_the_disk(world: World) -> None:
+    q, _ = world.vh.declare_queue("q", durable=True)
+    world.sync()
+    inserted = world.store.rows_inserted
+    for i in range(100):
+        world.publish("q", b"m%d" % i)
+    while q.ready:  # consumed and acked within the same turn
+        q.settle(q.get())
+    world.sync()
+    assert world.store.rows_inserted == inserted
+    assert world.store.rows_deleted == 0
+    assert world.rows() == [(0,)]
+
+
+def test_transient_messages_and_non_durable_queues_stay_off_disk(world: World) -> None:
+    world.vh.declare_queue("durable", durable=True)
+    world.vh.declare_queue("transient", durable=False)
+    world.publish("durable", b"transient message", persistent=False)
+    world.publish("transient", b"persistent message in a transient queue")
+    world.publish("durable", b"kept")
+    world.sync()
+    assert world.rows("SELECT body FROM messages") == [(b"kept",)]
+    assert world.rows("SELECT name FROM queues") == [("durable",)]
+    world.restart()
+    assert "transient" not in world.vh.queues
+    assert bodies(world.vh.queues["durable"]) == [b"kept"]
+
+
+def test_exclusive_durable_queue_is_not_kept(world: World) -> None:
+    world.vh.declare_queue("mine", durable=True, exclusive=True, owner="conn-1")
+    world.publish("mine", b"x")
+    world.sync()
+    assert world.rows("SELECT count(*) FROM queues") == [(0,)]
+    assert world.rows() == [(0,)]
+
+
+def test_recovery_restores_order_flags_counts_and_ids(world: World) -> None:
+    q, _ = world.vh.declare_queue("q", durable=True, arguments={"x-subscription-type": "failover"})
+    for i in range(5):
+        world.publish("q", b"m%d" % i)
+    world.sync()
+    first = q.get()
+    world.vh.store.delivered(q, first)  # what Channel.deliver does for a stored message
+    second = q.get()
+    world.vh.store.delivered(q, second)
+    second.delivery_count += 1  # a nack with requeue: counted, then requeued
+    q.requeue([second], count=False)
+    world.vh.store.update_message(q, second)
+    world.sync()
+    top = max(m.id for m in q.held.values())
+    world.restart(graceful=False)
+    q = world.vh.queues["q"]
+    assert q.subscription_type == "failover"
+    msgs = list(q.ready)
+    assert [m.body for m in msgs] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    assert [m.redelivered for m in msgs] == [True, True, False, False, False]
+    assert [m.delivery_count for m in msgs] == [0, 1, 0, 0, 0]
+    assert msgs[1].delivery_properties() != msgs[1].properties  # carries x-delivery-count
+    assert P.decode(msgs[1].delivery_properties())["application_headers"] == {
+        "x-delivery-count": 1}
+    assert next_message_id() > top
+
+
+def test_acks_are_durable_in_batches(world: World) -> None:
+    q, _ = world.vh.declare_queue("q", durable=True)
+    for i in range(10):
+        world.publish("q", b"m%d" % i)
+    world.sync()
+    for _ in range(4):
+        q.settle(q.get())
+    world.sync()
+    assert world.store.rows_deleted == 4
+    world.restart(graceful=False)
+    assert bodies(world.vh.queues["q"]) == [b"m%d" % i for i in range(4, 10)]
+
+
+def test_topology_round_trip(world: World) -> None:
+    vh = world.vh
+    dx = vh.declare_exchange("dx", "topic", durable=True, arguments={"alternate-exchange": "ae"})
+    tx = vh.declare_exchange("tx", "fanout", durable=False)
+    ae = vh.declare_exchange("ae", "fanout", durable=True, internal=True)
+    dq, _ = vh.declare_queue("dq", durable=True, arguments={"x-max-priority": 5})
+    tq, _ = vh.declare_queue("tq", durable=False)
+    vh.bind(dx, dq, "a.*", {})
+    vh.bind(dx, dq, "b.#", {"x-foo": "bar"})
+    vh.bind(dx, tq, "a.*", {})
+    vh.bind(tx, dq, "", {})
+    vh.bind(dx, ae, "ex.#", {})
+    vh.bind(ae, dq, "", {})
+    vh.unbind(dx, dq, "b.#", {"x-foo": "bar"})
+    world.sync()
+    world.restart()
+    vh = world.vh
+    assert "tx" not in vh.exchanges and "tq" not in vh.queues
+    dx, ae, dq = vh.exchanges["dx"], vh.exchanges["ae"], vh.queues["dq"]
+    assert dx.type == "topic" and dx.durable and dx.alternate == "ae"
+    assert ae.internal
+    assert dq.max_priority == 5 and dq.arguments == {"x-max-priority": 5}
+    assert sorted(vh.bindings_of(dq)) == [("ae", "fanout", ""), ("dx", "topic", "a.*")]
+    assert [b.routing_key for b in dx.bindings.values() if b.destination is ae] == ["ex.#"]
+
+
+def test_deleting_a_queue_deletes_its_messages(world: World) -> None:
+    q, _ = world.vh.declare_queue("q", durable=True)
+    world.publish("q", b"x")
+    world.sync()
+    world.vh.delete_queue(q)
+    q2, _ = world.vh.declare_queue("q", durable=True)  # same name, a new queue
+    world.publish("q", b"y")
+    world.sync()
+    world.restart()
+    assert bodies(world.vh.queues["q"]) == [b"y"]
+
+
+def test_dead_lettered_copy_is_kept_with_its_x_death(world: World) -> None:
+    vh = world.vh
+    dlx = vh.declare_exchange("dlx", "fanout", durable=True)
+    dead, _ = vh.declare_queue("dead", durable=True)
+    vh.bind(dlx, dead, "", {})
+    q, _ = vh.declare_queue("work", durable=True, arguments={"x-dead-letter-exchange": "dlx"})
+    world.publish("work", b"poison")
+    world.sync()
+    m = q.get()
+    q.settle(m)
+    vh.dead_letter(q, m, "rejected")
+    world.sync()  # the settle and the copy travel in one transaction
+    world.restart(graceful=False)
+    (m2,) = world.vh.queues["dead"].ready
+    assert m2.body == b"poison"
+    death = m2.headers["x-death"][0]
+    assert death["queue"] == "work" and death["reason"] == "rejected"
+    assert len(world.vh.queues["work"].ready) == 0
+
+
+def test_delayed_exchange_hold_survives_restart_with_its_due_time(world: World) -> None:
+    vh = world.vh
+    ex = vh.declare_exchange("later", "x-delayed-message", durable=True,
+                             arguments={"x-delayed-type": "direct"})
+    q, _ = vh.declare_queue("q", durable=True)
+    vh.bind(ex, q, "q", {})
+    world.publish("q", b"in 10 s", exchange="later", headers={"x-delay": 10_000})
+    world.sync()
+    assert world.rows("SELECT count(*) FROM delayed") == [(1,)]
+    world.clock.advance(4)
+    world.restart(graceful=False)
+    q = world.vh.queues["q"]
+    assert len(q.ready) == 0 and world.vh.delayed_pending == 1
+    world.clock.advance(5.9)
+    world.timers.run_due()
+    assert len(q.ready) == 0
+    world.clock.advance(0.2)
+    world.timers.run_due()
+    assert bodies(q) == [b"in 10 s"]
+    world.sync()
+    assert world.rows("SELECT count(*) FROM delayed") == [(0,)]
+    assert world.rows() == [(1,)]
+    world.restart(graceful=False)
+    assert bodies(world.vh.queues["q"]) == [b"in 10 s"]
+
+
+def test_nack_backoff_hold_survives_restart(world: World) -> None:
+    q, _ = world.vh.declare_queue("q", durable=True)
+    world.publish("q", b"a")
+    world.publish("q", b"b")
+    world.sync()
+    m = q.get()
+    m.delivery_count += 1
+    q.hold_back(m, 30.0)  # what a redelivery-delay plugin asks for
+    world.vh.store.update_message(q, m)
+    world.sync()
+    world.clock.advance(10)
+    world.restart(graceful=False)
+    q = world.vh.queues["q"]
+    assert bodies(q) == [b"b"] and q.delayed == 1 and q.message_count == 2
+    world.clock.advance(19.9)
+    world.timers.run_due()
+    assert bodies(q) == [b"b"]
+    world.clock.advance(0.2)
+    world.timers.run_due()
+    assert len(q.ready) == 2
+    got = take_all(world, q)
+    assert [m.body for m in got] == [b"a", b"b"]
+    assert got[0].delivery_count == 1 and got[0].redelivered
+
+
+def test_paging_drops_deep_bodies_and_reads_them_back(world: World,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(S, "RESIDENT_BYTES", 100)
+    monkeypatch.setattr(S, "RESIDENT_MIN", 10)
+    monkeypatch.setattr(S, "LOAD_WINDOW", 8)
+    monkeypatch.setattr(S, "LOAD_STEP", 4)
+    q, _ = world.vh.declare_queue("q", durable=True)
+    assert type(q.ready) is PagedReady
+    sent = [b"body-%03d" % i for i in range(60)]
+    for b in sent:
+        world.publish("q", b)
+    world.sync()
+    paged = sum(1 for m in q.ready if m.body is None)
+    assert paged == 60 - 12  # more than RESIDENT_MIN messages and RESIDENT_BYTES bytes
+    assert q.ready_count == 60 and q.ready_bytes == sum(map(len, sent))
+    got = []
+    stalls = 0
+    while len(got) < 60:
+        m = q.get()
+        if m is None:  # head on disk: a read is under way, the loop did not wait
+            stalls += 1
+            assert stalls < 100
+            world.sync()
+            continue
+        got.append(m.body)
+        q.settle(m)
+    assert got == sent
+    world.sync()
+    assert world.rows() == [(0,)]
+
+
+def test_recovery_pages_long_queues(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(S, "RESIDENT_BYTES", 100)
+    monkeypatch.setattr(S, "RESIDENT_MIN", 5)
+    q, _ = world.vh.declare_queue("q", durable=True)
+    sent = [b"body-%03d" % i for i in range(40)]
+    for b in sent:
+        world.publish("q", b)
+    world.sync()
+    world.restart()
+    q = world.vh.queues["q"]
+    assert q.ready_count == 40
+    resident = [m.body for m in q.ready if m.body is not None]
+    assert resident == sent[:len(resident)] and 5 <= len(resident) < 40
+    got = []
+    while len(got) < 40:
+        m = q.get()
+        if m is None:
+            world.sync()
+            continue
+        got.append(m.body)
+    assert got == sent
+
+
+def test_expiring_messages_keep_their_bodies_for_dead_lettering(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(S, "RESIDENT_BYTES", 10)
+    monkeypatch.setattr(S, "RESIDENT_MIN", 1)
+    vh = world.vh
+    dlx = vh.declare_exchange("dlx", "fanout", durable=True)
+    dead, _ = vh.declare_queue("dead", durable=True)
+    vh.bind(dlx, dead, "", {})
+    q, _ = vh.declare_queue("q", durable=True, arguments={"x-dead-letter-exchange": "dlx"})
+    assert type(q.ready) is PagedReady  # no queue TTL: pageable, but not these messages
+    for i in range(10):
+        world.publish("q", b"plain-%d" % i)
+    raw = P.encode({"delivery_mode": 2, "expiration": "5000"})
+    m = Message.from_publish(next_message_id(), "", "q", raw, b"expires", 7,
+                             world.clock.monotonic(), world.clock.time())
+    vh.deliver_to_queues([q], m)
+    world.sync()
+    assert m.body == b"expires"  # never paged out live
+    world.restart()
+    q = world.vh.queues["q"]
+    assert [x.body for x in q.ready if x.expiration is not None] == [b"expires"]
+    world.clock.advance(6)
+    world.timers.run_due()
+    q.get()  # expiry is checked at the head as the queue is used
+    take_all(world, q)
+    (d,) = world.vh.queues["dead"].ready
+    assert d.body == b"expires" and d.headers["x-death"][0]["reason"] == "expired"
+
+
+# --------------------------------------------------------------------------- refusing stores
+
+def test_corrupt_file_is_refused_naming_it(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / S.DB_NAME).write_bytes(b"this is not a database at all" * 200)
+    with pytest.raises(StoreError) as ei:
+        SQLiteStore(store)
+    assert str(store / S.DB_NAME) in str(ei.value)
+    assert "corrupt or unreadable" in str(ei.value)
+    assert (store / S.DB_NAME).read_bytes().startswith(b"this is not")  # left as it was
+
+
+def test_damaged_page_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    w = World(store, ManualClock())
+    w.vh.declare_queue("q", durable=True)
+    for i in range(300):
+        w.publish("q", b"x" * 1000)
+    w.sync()
+    w.store.close()
+    db = store / S.DB_NAME
+    data = bytearray(db.read_bytes())
+    page = 4096
+    for off in range(page * 3, page * 3 + 600):  # scribble over a b-tree page's header
+        data[off] = 0xFF
+    db.write_bytes(bytes(data))
+    with pytest.raises(StoreError) as ei:
+        SQLiteStore(store)
+    assert str(db) in str(ei.value)
+
+
+def test_newer_layout_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    SQLiteStore(store).close()
+    db = sqlite3.connect(str(store / S.DB_NAME))
+    db.execute(f"PRAGMA user_version={S.SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(StoreError, match="newer than this broker"):
+        SQLiteStore(store)
+
+
+def test_foreign_database_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    db = sqlite3.connect(str(store / S.DB_NAME))
+    db.execute("CREATE TABLE something (x)")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="not a plugbroker store"):
+        SQLiteStore(store)
+
+
+def test_older_layout_is_migrated_or_refused(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "store"
+    SQLiteStore(store).close()  # written as layout 1
+    monkeypatch.setattr(S, "SCHEMA_VERSION", 2)
+    with pytest.raises(StoreError, match="cannot migrate"):
+        SQLiteStore(store)
+    ran = []
+    monkeypatch.setitem(S.MIGRATIONS, 1, lambda db: ran.append(
+        db.execute("ALTER TABLE queues ADD COLUMN extra TEXT")))
+    SQLiteStore(store).close()
+    assert len(ran) == 1
+    db = sqlite3.connect(str(store / S.DB_NAME))
+    assert db.execute("PRAGMA user_version").fetchone() == (2,)
+    db.close()
+    SQLiteStore(store).close()  # already migrated: nothing to do
+    assert len(ran) == 1
+
+
+def test_second_broker_on_the_same_store_is_refused(world: World) -> None:
+    with pytest.raises(StoreError, match="in use by another broker"):
+        SQLiteStore(world.path)
