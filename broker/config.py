@@ -1101,6 +1101,8 @@ class BrokerConfig:
     listen_host: str = "127.0.0.1"
     listen_port: int = 5672
     store_path: Path | None = None
+    #: ``normal`` (survives kill -9) or ``full`` (also survives power loss); see durability.md
+    store_sync: str = "normal"
     users: Mapping[str, User] = field(default_factory=_default_users)
     housekeeping_threads: int = 4
     #: seconds
@@ -1620,6 +1622,7 @@ class _Loader:
 
     def _store(self, el: Any, values: dict[str, Any]) -> None:
         values["store_path"] = Path(el.get("path"))
+        values["store_sync"] = (el.get("sync") or "normal").strip().lower()
 
     def _journal(self, el: Any, values: dict[str, Any]) -> None:
         values["journal_path"] = Path(el.get("path"))

@@ -174,7 +174,13 @@ def open_store(config: BrokerConfig) -> Any:
     except ImportError:
         log.warning("no durable store available; persistent messages are kept in memory only")
         return MemoryStore()
-    return SQLiteStore(config.store_path)
+    import os
+
+    from broker.store.sqlite import SYNC_ENV
+
+    # the environment variable wins, so a soak or benchmark can switch without editing the file
+    return SQLiteStore(config.store_path,
+                       synchronous=os.environ.get(SYNC_ENV) or config.store_sync.upper())
 
 
 __all__ = ["ConfigError", "Running", "load_plugins", "plugin_list", "start_broker"]
