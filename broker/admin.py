@@ -33,6 +33,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import broker as _pkg
 from broker.codec import properties as props_codec
+from broker.domain.vhost import next_message_id
 
 if TYPE_CHECKING:
     from broker.app import Broker
@@ -195,19 +196,23 @@ class Admin:
                     break
                 origin = original_queue_of(m)
                 target = vh.queues.get(origin) if origin else None
-                if target is None or target is q:
+                if target is None or target is q or not vh.ensure_body(q, m):
                     kept += 1
                     continue
-                q.ready.remove(m)
-                q.ready_bytes -= m.body_size
-                q.settle(m)
                 back = m.copy()
+                back.id = next_message_id()
                 back.delivery_count = 0
                 back.redelivered = False
                 back.stored = False
                 back.expires_at = None
                 back.arrival = self.broker.clock.monotonic()
-                vh.deliver_to_queues([target], back)
+                taken, _ = vh.deliver_to_queues([target], back)
+                if not taken:  # the target refused it (overflow): it stays a dead letter
+                    kept += 1
+                    continue
+                q.ready.remove(m)
+                q.ready_bytes -= m.body_size
+                q.settle(m)
                 moved[target.name] = moved.get(target.name, 0) + 1
             log.info("redrive of '%s' in vhost '%s': %s moved back, %d kept", name, vhost,
                      moved or "nothing", kept)

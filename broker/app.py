@@ -340,6 +340,7 @@ class Broker:
                     moved.append(msg)
             c.unacked = 0
         if moved:
+            c.queue.moved_waiting.update(m.id for m in moved)
             c.queue.requeue(moved)
             self.after_requeue(c.queue, moved)
             h = self.hooks.message_redelivered
@@ -483,8 +484,11 @@ class Broker:
         if c is None:
             return "stale"
         if isinstance(a, IsolateConsumer):
-            if c.isolated:
-                return "stale"
+            since = c.last_ack if c.last_ack is not None else c.first_delivery
+            if c.isolated or c.unacked <= 0 or since is None or (
+                    a.configured is not None
+                    and self.clock.monotonic() - since <= a.configured):
+                return "stale"  # it acked (or lost its messages) since the snapshot
             moved = self.isolate_consumer(c)
             now = self.clock.monotonic()
             age = now - (c.last_ack if c.last_ack is not None else (c.first_delivery or now))

@@ -81,7 +81,7 @@ class Channel:
 
     __slots__ = ("id", "conn", "vhost", "connection_id", "consumers", "unacked", "next_tag",
                  "prefetch_consumer", "prefetch_global", "flow", "confirm", "publish_seq",
-                 "tx", "tx_ops", "closing", "moved", "_hooks")
+                 "tx", "tx_ops", "closing", "moved", "polled", "_hooks")
 
     def __init__(self, conn: Connection, channel_id: int) -> None:
         self.id = channel_id
@@ -102,6 +102,8 @@ class Channel:
         self.closing = False
         #: delivery tags whose messages were taken back from an isolated consumer
         self.moved: dict[int, tuple[Message, Queue, Consumer]] = {}
+        #: queues this channel polled with basic.get (forgotten when it closes)
+        self.polled: dict[int, Queue] = {}
         self._hooks = conn.broker.hooks
 
     # ------------------------------------------------------------ ConsumerChannel
@@ -119,6 +121,8 @@ class Channel:
         if consumer.first_delivery is None:
             consumer.first_delivery = now
         consumer.delivered_total += 1
+        if queue.moved_waiting:
+            queue.moved_waiting.discard(msg.id)
         if consumer.no_ack:
             queue.settle(msg)
         else:
@@ -163,16 +167,12 @@ class Channel:
         """
         unacked = self.unacked
         if multiple:
-            if tag == 0:
-                tags = list(unacked)
-            else:
-                tags = [t for t in unacked if t <= tag]
-            if not tags and tag not in self.moved and tag != 0:
-                if any(t <= tag for t in self.moved):
-                    return []
+            tags = list(unacked) if tag == 0 else [t for t in unacked if t <= tag]
+            moved = [t for t in self.moved if tag == 0 or t <= tag]
+            if not tags and not moved and tag != 0:
                 raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", sig)
             out = [unacked.pop(t) for t in tags]
-            for t in [t for t in self.moved if tag == 0 or t <= tag]:
+            for t in moved:
                 self._late_settle(t, ack)
             return out
         entry = unacked.pop(tag, None)
@@ -195,7 +195,9 @@ class Channel:
         consumer.last_ack = self.conn.clock.monotonic()
         if consumer.isolated:
             self.conn.broker.release_consumer(consumer, "acked" if ack else "rejected")
-        if ack and not queue.deleted and msg.id in queue.held:
+        if ack and msg.id in queue.moved_waiting and not queue.deleted and \
+                msg.id in queue.held:
+            queue.moved_waiting.discard(msg.id)
             try:
                 queue.ready.remove(msg)
             except ValueError:
@@ -236,6 +238,10 @@ class Channel:
             self._consumer_gone(c, reason)
         self.moved.clear()
         self.tx_ops.clear()
+        key = (self.connection_id, self.id)
+        for q in self.polled.values():
+            q.getters.pop(key, None)
+        self.polled.clear()
 
 
 class Connection:
@@ -867,6 +873,7 @@ class Connection:
         _, qname, no_ack = a
         q = ch.vhost.get_queue(qname, (60, 70), self.id)
         q.getters[(self.id, ch.id)] = None
+        ch.polled[id(q)] = q
         if ch.prefetch_global and len(ch.unacked) >= ch.prefetch_global and not no_ack:
             self.send(ch.id, "basic.get_empty", "")
             return
@@ -874,6 +881,8 @@ class Connection:
         if m is None:
             self.send(ch.id, "basic.get_empty", "")
             return
+        if q.moved_waiting:
+            q.moved_waiting.discard(m.id)
         tag = ch.next_tag
         ch.next_tag = tag + 1
         if no_ack:
@@ -973,6 +982,15 @@ class Connection:
             self.blocked = True
             self.transport.pause_reading()
         if ch.tx:
+            # refuse a bad target now (as RabbitMQ does), not half-way through tx.commit
+            vh = ch.vhost
+            ex = vh.exchanges.get(ev.exchange)
+            if ex is None:
+                raise ChannelError(NOT_FOUND, f"no exchange '{ev.exchange}' in vhost "
+                                   f"'{vh.name}'", (60, 40))
+            if ex.internal:
+                raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange "
+                                   f"'{ev.exchange}' in vhost '{vh.name}'", (60, 40))
             ch.tx_ops.append(("publish", ev))
             return
         self.published = True

@@ -111,7 +111,7 @@ class _Pending:
     """A publish whose header or body frames have not all arrived."""
 
     __slots__ = ("exchange", "routing_key", "mandatory", "immediate", "body_size",
-                 "properties", "chunks", "received", "has_header", "discard")
+                 "properties", "chunks", "received", "has_header", "discard", "silent")
 
     def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
         self.exchange = exchange
@@ -124,6 +124,8 @@ class _Pending:
         self.received = 0
         self.has_header = False
         self.discard = False
+        #: its channel was closed by the broker: drop it quietly when complete
+        self.silent = False
 
 
 class ServerCodec:
@@ -167,8 +169,15 @@ class ServerCodec:
         return len(self._buf) - self._pos
 
     def discard_channel(self, channel: int) -> None:
-        """Forget a partial publish on a channel that is being closed."""
-        self._pending.pop(channel, None)
+        """A channel is being closed: a publish still arriving on it is read to its end (its
+        frames are on the wire already) and dropped without an event or an error."""
+        pending = self._pending.get(channel)
+        if pending is not None:
+            if pending.has_header and pending.received >= pending.body_size:
+                del self._pending[channel]
+            else:
+                pending.discard = True
+                pending.silent = True
 
     def next_event(self) -> Event | _NeedData:
         """The next complete event, or :data:`NEED_DATA`.
@@ -237,9 +246,13 @@ class ServerCodec:
     def _on_method(self, channel: int, payload: bytes) -> Event | None:
         if len(payload) < 4:
             raise ConnectionError_(SYNTAX_ERROR, "method frame shorter than its class and method ids")
-        if channel in self._pending:
-            raise ConnectionError_(
-                UNEXPECTED_FRAME, f"method frame on channel {channel} while content was expected")
+        pending = self._pending.get(channel)
+        if pending is not None:
+            if not pending.silent:
+                raise ConnectionError_(UNEXPECTED_FRAME, f"method frame on channel {channel} "
+                                       "while content was expected")
+            # the broker closed this channel mid-content and the client moved on
+            del self._pending[channel]
         head = payload[:4]
         if head == _ACK_SIG and len(payload) == 13:
             return Method(channel, _ACK, (_U64.unpack_from(payload, 4)[0], bool(payload[12] & 1)))
@@ -293,6 +306,8 @@ class ServerCodec:
 
     def _on_body(self, channel: int, payload: bytes) -> Publish | None:
         pending = self._pending.get(channel)
+        if pending is not None and pending.silent and not pending.has_header:
+            return None  # the rest of a publish on a channel the broker closed
         if pending is None or not pending.has_header:
             raise ConnectionError_(
                 UNEXPECTED_FRAME, f"content body on channel {channel} without a content header")
@@ -307,8 +322,10 @@ class ServerCodec:
             return self._complete(channel, pending)
         return None
 
-    def _complete(self, channel: int, p: _Pending) -> Publish:
+    def _complete(self, channel: int, p: _Pending) -> Publish | None:
         del self._pending[channel]
+        if p.silent:
+            return None
         if p.discard:
             raise ChannelError(
                 PRECONDITION_FAILED, f"message size {p.body_size} is larger than the configured "

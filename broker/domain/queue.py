@@ -239,6 +239,9 @@ class Queue:
         #: the parts of a snapshot view that change only with topology or configuration,
         #: cached by the broker when it resolves the queue's policy (None: not cached)
         self.view_static: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
+        #: ids of messages taken back from an isolated consumer and not delivered again yet:
+        #: a late ack for one of them can then find it without scanning the ready list
+        self.moved_waiting: set[int] = set()
 
     # ----------------------------------------------------------------- figures
 
@@ -267,11 +270,14 @@ class Queue:
 
     # ----------------------------------------------------------------- messages
 
-    def enqueue(self, msg: Message) -> bool:
-        """Add a routed message. False when ``x-overflow: reject-publish`` refused it."""
+    def enqueue(self, msg: Message) -> bool | None:
+        """Add a routed message: True when the queue holds it, False when
+        ``x-overflow: reject-publish`` refused it (the publisher gets a nack), None when
+        drop-head overflow dropped it at once (the publisher still gets an ack, as in RabbitMQ)."""
         if self.max_length is not None or self.max_length_bytes is not None:
-            if not self._make_room(msg):
-                return False
+            room = self._make_room(msg)
+            if not room:
+                return room
         msg.queue_name = self.name
         if self.retry_target is not None:
             return self._hold_for_retry(msg)
@@ -339,7 +345,7 @@ class Queue:
             self.vhost.store_remove(self, msg)
         self.vhost.forward_retry(self, msg)
 
-    def _make_room(self, msg: Message) -> bool:
+    def _make_room(self, msg: Message) -> bool | None:
         max_len, max_bytes = self.max_length, self.max_length_bytes
         if self.overflow in ("reject-publish", "reject-publish-dlx"):
             if (max_len is not None and len(self.ready) >= max_len) or (
@@ -360,7 +366,7 @@ class Queue:
         if max_len == 0 or (max_bytes is not None and msg.body_size > max_bytes):
             msg.queue_name = self.name
             self.vhost.discard(self, msg, "maxlen")
-            return False
+            return None
         return True
 
     def _forget(self, msg: Message) -> None:
@@ -397,6 +403,7 @@ class Queue:
         if live:
             self.ready.requeue(live)
             self.vhost.mark_dirty(self)
+            self._arm_expiry()  # a requeued message may be past its TTL already
 
     def make_visible(self, msg: Message) -> None:
         """A message held back (nack backoff) becomes ready again."""
@@ -406,6 +413,7 @@ class Queue:
         self.ready.requeue([msg])
         self.ready_bytes += msg.body_size
         self.vhost.mark_dirty(self)
+        self._arm_expiry()
 
     def hold_back(self, msg: Message, delay: float) -> None:
         """Keep a rejected message invisible for ``delay`` seconds, then requeue it."""
@@ -426,6 +434,7 @@ class Queue:
         return m
 
     def purge(self) -> int:
+        self.moved_waiting.clear()
         msgs = self.ready.drain()
         self.ready_bytes = 0
         for m in msgs:

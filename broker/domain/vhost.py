@@ -468,7 +468,9 @@ class VirtualHost:
         nested = False
         for d in dests:
             if isinstance(d, Queue):
-                out.append(d)
+                # one copy per queue, however many of its bindings match
+                if d not in out:
+                    out.append(d)
             else:
                 nested = True
         if nested:
@@ -504,20 +506,21 @@ class VirtualHost:
         """
         taken: list[Queue] = []
         refused = False
-        first = True
         store = self.store
-        for q in queues:
-            m = msg if first else msg.copy()
-            first = False
-            if q.enqueue(m):
+        # copies are made before any queue touches the message: per-queue state (expiry,
+        # stored) must not leak from one queue's copy into the next
+        copies = [msg] if len(queues) == 1 else [msg] + [msg.copy() for _ in queues[1:]]
+        for q, m in zip(queues, copies):
+            outcome = q.enqueue(m)
+            if outcome:
                 taken.append(q)
                 if m.persistent and q.durable and store.durable:
                     m.stored = True
                     store.add_message(q, m)
                     if q.retry_target is not None:  # keep its due time across a restart
                         store.hold_message(q, m, q.retry_delay(m))
-            else:
-                refused = True
+            elif outcome is False:
+                refused = True  # reject-publish: the publisher gets a nack
         return taken, refused
 
     def hold_delayed(self, ex: DelayedExchange, msg: Message, delay: float) -> None:
@@ -591,6 +594,10 @@ class VirtualHost:
             log.warning("dead-letter exchange '%s' of queue '%s' in vhost '%s' does not exist; "
                         "message dropped", target, q.name, self.name)
             return True
+        if not self.ensure_body(q, msg):
+            log.error("dead-lettering message %d of queue '%s' in vhost '%s': its body is "
+                      "gone; dropped", msg.id, q.name, self.name)
+            return True
         dead = self.make_dead_letter(q, msg, reason, routing_key=routing_key, exchange=target,
                                      extra_headers=extra)
         queues = self.route(ex, dead)
@@ -614,6 +621,12 @@ class VirtualHost:
                 counts = self.dead_letter_queues.setdefault(t.name, {})
                 counts[reason] = counts.get(reason, 0) + 1
         return True
+
+    def ensure_body(self, q: Queue, msg: Message) -> bool:
+        """Bring back a body the store paged out (it is about to be copied elsewhere)."""
+        if msg.body is None:
+            msg.body = self.store.read_body(q, msg)  # type: ignore[assignment]
+        return msg.body is not None
 
     def make_dead_letter(self, q: Queue, msg: Message, reason: str, *, routing_key: str,
                          exchange: str | None = None,
@@ -666,12 +679,20 @@ class VirtualHost:
             if h is not None:
                 h(vhost=self.name, queue=retry_q.name, message=msg, reason="no-target")
             return
+        if not self.ensure_body(retry_q, msg):
+            log.error("retry queue '%s' in vhost '%s': message %d has no body; dropped",
+                      retry_q.name, self.name, msg.id)
+            return
         m = msg.copy()
+        m.id = next_message_id()
         m.arrival = self.clock.monotonic()
         m.expires_at = None
         m.stored = False
         m.redelivered = False
-        self.deliver_to_queues([target], m)
+        taken, refused = self.deliver_to_queues([target], m)
+        if not taken:
+            log.warning("retry queue '%s' in vhost '%s': target queue '%s' refused message %d "
+                        "(overflow)", retry_q.name, self.name, target.name, msg.id)
         h = self.hooks.message_redelivered
         if h is not None:
             h(vhost=self.name, queue=target.name, message=m, delivery_count=m.delivery_count,

@@ -55,6 +55,8 @@ class Store(Protocol):
 
     def bind_loop(self, loop: Any) -> None: ...
 
+    def read_body(self, queue: Queue, msg: Message) -> bytes | None: ...
+
 
 class MemoryStore:
     """Keeps nothing: every call returns at once and confirms are immediate."""
@@ -98,6 +100,9 @@ class MemoryStore:
 
     def delivered(self, queue: Any, msg: Any) -> None:
         pass
+
+    def read_body(self, queue: Any, msg: Any) -> bytes | None:
+        return None  # nothing is ever paged out
 
     def hold_message(self, queue: Any, msg: Any, delay: float) -> None:
         pass

@@ -222,8 +222,9 @@ def _pageable(q: Queue) -> bool:
     (dead-lettering from the ready list, length limits, priorities, a consumer-choice hook)."""
     if q.max_priority or q.max_length is not None or q.max_length_bytes is not None:
         return False
-    if q.dlx is not None and q.message_ttl is not None:
-        return False
+    if q.message_ttl is not None:
+        return False  # expiry from the ready list dead-letters (x-dead-letter-exchange or a
+        # plugin's target), which needs the body; a TTL also keeps such queues short
     return q.vhost.hooks.select_consumer is None
 
 
@@ -286,6 +287,7 @@ class SQLiteStore:
     def __init__(self, path: str | Path, *, synchronous: str | None = None) -> None:
         self.dir = Path(path)
         self.file = self.dir / DB_NAME
+        self._reader: sqlite3.Connection | None = None
         self.synchronous = (synchronous or os.environ.get(SYNC_ENV) or DEFAULT_SYNCHRONOUS
                             ).upper()
         if self.synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -536,6 +538,25 @@ class SQLiteStore:
 
     def remove_delayed(self, vhost: str, msg: Message) -> None:
         self._op((_DREMOVE, msg.id))
+
+    def read_body(self, queue: Queue, msg: Message) -> bytes | None:
+        """Read one paged-out body now, on the calling (loop) thread.
+
+        For the rare paths that copy a message off a ready list before dispatch would have
+        loaded it (dead-lettering on expiry or overflow, an admin redrive). It uses a connection
+        of its own: a WAL reader neither waits for nor blocks the writer, and a paged body has
+        been committed before it was dropped from memory. Pending writes are handed off first.
+        """
+        qid = getattr(queue, "store_qid", 0)
+        if not qid or self._closed:
+            return None
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = sqlite3.connect(str(self.file), isolation_level=None,
+                                                    check_same_thread=False)
+        row = reader.execute("SELECT body FROM messages WHERE qid = ? AND mid = ?",
+                             (qid, msg.id)).fetchone()
+        return row[0] if row is not None else None
 
     def load_bodies(self, ready: PagedReady, msgs: list[Message]) -> None:
         qid = getattr(ready.queue, "store_qid", 0)
@@ -824,6 +845,8 @@ class SQLiteStore:
             log.error("%s: the store writer did not finish within 60 s", self.file)
             return
         try:
+            if self._reader is not None:
+                self._reader.close()
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._db.close()
         except sqlite3.Error as exc:

@@ -681,3 +681,16 @@ def test_header_and_body_split_inside_the_frame_header() -> None:
         codec.receive_data(data[i:i + 1])
     assert drain(codec) == [Publish(1, "", "q", False, False, 3, b"\x00\x00", b"abc")]
     assert struct.calcsize(">BHI") == 7
+
+
+def test_a_channel_closed_by_the_broker_mid_publish_drops_the_rest_quietly() -> None:
+    """A 506 (or any broker-side channel close) can land between two body frames; the rest of
+    the content is already on the wire and must not kill the connection."""
+    codec = ServerCodec(frame_max=4096)
+    feed(codec, PROTOCOL_HEADER)
+    body = b"x" * 10000
+    head = method_frame(1, "basic.publish", 0, "", "q", False, False) + header_frame(1, len(body))
+    assert feed(codec, head + body_frame(1, body[:4000])) == []
+    codec.discard_channel(1)
+    assert feed(codec, body_frame(1, body[4000:8000]) + body_frame(1, body[8000:])) == []
+    assert feed(codec, method_frame(1, "channel.close_ok"))[0].name == "channel.close_ok"

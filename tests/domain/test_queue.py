@@ -236,3 +236,52 @@ def test_deleting_a_queue_cancels_its_consumers(vh):
     put(vh, q, b"1")
     vh.delete_queue(q)
     assert ch.cancelled == ["t"] and "gone" not in vh.queues
+
+
+def test_a_queue_bound_twice_gets_one_copy_and_its_figures_hold(vh):
+    q, _ = vh.declare_queue("twice")
+    fan = vh.exchanges["amq.fanout"]
+    vh.bind(fan, q, "a", {})
+    vh.bind(fan, q, "b", {})
+    m = msg(vh, b"12345")
+    taken, refused = vh.deliver_to_queues(vh.route(fan, m), m)
+    assert taken == [q] and not refused
+    assert (q.message_count, q.ready_count, q.bytes, q.unacked_count) == (1, 1, 5, 0)
+
+
+def test_a_fanout_copy_does_not_inherit_the_first_queues_ttl(vh, clock):
+    ttl, _ = vh.declare_queue("ttl", arguments={"x-message-ttl": 1000})
+    keep, _ = vh.declare_queue("keep")
+    fan = vh.exchanges["amq.fanout"]
+    vh.bind(fan, ttl, "", {})
+    vh.bind(fan, keep, "", {})
+    m = msg(vh, b"x")
+    vh.deliver_to_queues(vh.route(fan, m), m)
+    clock.advance(5)
+    vh.timers.run_due()
+    assert (ttl.message_count, keep.message_count) == (0, 1)
+    assert keep.get() is not None
+
+
+def test_drop_head_that_drops_the_new_message_is_not_a_refusal(vh):
+    q, _ = vh.declare_queue("tiny", arguments={"x-max-length-bytes": 3})
+    m = msg(vh, b"12345")
+    taken, refused = vh.deliver_to_queues([q], m)
+    assert taken == [] and refused is False  # the publisher gets an ack, as in RabbitMQ
+    r, _ = vh.declare_queue("strict", arguments={"x-max-length-bytes": 3,
+                                                 "x-overflow": "reject-publish"})
+    m2 = msg(vh, b"12345")
+    assert vh.deliver_to_queues([r], m2) == ([], True)
+
+
+def test_a_requeued_message_past_its_ttl_expires_without_consumers(vh, clock):
+    dlq, _ = vh.declare_queue("dlq")
+    vh.bind(vh.exchanges["amq.fanout"], dlq, "", {})
+    q, _ = vh.declare_queue("q", arguments={"x-message-ttl": 1000,
+                                            "x-dead-letter-exchange": "amq.fanout"})
+    [m] = put(vh, q, b"late")
+    assert q.get() is m  # delivered (basic.get), not acked
+    clock.advance(2)
+    q.requeue([m])  # its channel closed after the TTL passed
+    vh.timers.run_due()
+    assert q.message_count == 0 and dlq.message_count == 1
