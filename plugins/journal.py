@@ -21,6 +21,10 @@ The buffer is bounded (``max_buffer`` events). When the writer falls behind, eve
 rather than blocking the loop: the count is kept, logged (at most every 10 s) and written into the
 journal itself as a ``journal_dropped`` event, so an analysis can tell the data is incomplete.
 
+Cost: through pluggy a one-implementation hook call costs about 1.7 µs against 0.35 µs for the
+recorder's method, three times per message; :func:`direct_calls` lets the host call the
+recorder's per-message methods directly while it is their only implementation.
+
 The schema is fixed and versioned (:data:`SCHEMA_VERSION`, also a column and file metadata);
 ``docs/analyze.md`` documents every column and what each event puts in it.
 """
@@ -36,7 +40,8 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -181,7 +186,7 @@ class Journal:
         self.roll_bytes = roll_bytes
         self.roll_seconds = roll_seconds
         self.compression = compression
-        self.run = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+        self.run = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
         #: the hot path appends here; only the writer thread pops
         self.buffer: collections.deque[tuple[Any, ...]] = collections.deque()
         #: events dropped because the buffer was full (only the loop thread increments it)
@@ -234,6 +239,12 @@ class Journal:
         log.info("journal writing to %s (run %s, schema version %d)", self.path, self.run,
                  SCHEMA_VERSION)
         return self
+
+    def position(self) -> int:
+        """The ``seq`` the next event will get. Call it on the broker's loop (where the hooks
+        append), so that no event comes in between."""
+        with self._lock:
+            return self._seq + len(self.buffer)
 
     def flush(self) -> None:
         """Drain the buffer and write every pending row now (the open file stays open)."""
@@ -339,21 +350,21 @@ class Journal:
     def _kind_table(self, name: str, layout: tuple[str, ...], rows: Sequence[tuple[Any, ...]],
                     seq: list[int]) -> pa.Table:
         n = len(rows)
-        cols = list(zip(*rows))
-        given = dict(zip(layout, cols[2:]))
-        t = pa.array(cols[1], pa.float64())
+        # one column at a time (zip(*rows) costs several times more on large batches)
+        given = {name: list(map(itemgetter(i), rows)) for i, name in enumerate(layout, start=2)}
+        t = pa.array(list(map(itemgetter(1), rows)), pa.float64())
         arrays: list[pa.Array] = []
         for fname, ftype in FIELDS:
             if fname == "schema_version":
-                arrays.append(pa.array([SCHEMA_VERSION] * n, ftype))
+                arrays.append(pa.repeat(pa.scalar(SCHEMA_VERSION, ftype), n))
             elif fname == "ts_us":
                 arrays.append(pc.cast(pc.round(pc.multiply(t, 1e6)), pa.int64()))
             elif fname == "seq":
                 arrays.append(pa.array(seq, pa.int64()))
             elif fname == "run":
-                arrays.append(pa.array([self.run] * n, pa.string()))
+                arrays.append(pa.repeat(pa.scalar(self.run, pa.string()), n))
             elif fname == "event":
-                arrays.append(pa.array([name] * n, pa.string()))
+                arrays.append(pa.repeat(pa.scalar(name, pa.string()), n))
             elif fname in given:
                 arrays.append(pa.array(given[fname], ftype))
             else:
@@ -388,7 +399,7 @@ class Journal:
             self._close_file()
 
     def _open_file(self, hour: int) -> None:
-        when = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
+        when = datetime.fromtimestamp(hour * 3600, tz=UTC)
         folder = self.path / f"date={when:%Y-%m-%d}" / f"hour={when:%H}"
         folder.mkdir(parents=True, exist_ok=True)
         self._file_counter += 1
@@ -677,15 +688,45 @@ _RECORDERS: weakref.WeakKeyDictionary[Any, Recorder] = weakref.WeakKeyDictionary
 OPTIONS: dict[str, Any] = {}
 
 
+#: the per-message hooks, which run once per message and so are worth a direct call
+HOT_HOOKS = ("broker_message_published", "broker_message_delivered", "broker_message_acked")
+
+
 def start_recording(broker: Broker, path: Path) -> Recorder:
     """Open a journal at ``path`` and register its recorder with ``broker``'s plugin host."""
     journal = Journal(path, clock=broker.clock.time, **OPTIONS).start()
     rec = Recorder(broker, journal)
     rec.sync(broker)
-    host = broker.hooks
-    host.register(rec, name=f"journal-recorder-{journal.run}")
+    host: Any = broker.hooks
+    name = f"journal-recorder-{journal.run}"
+    host.register(rec, name=name)
+    if os.environ.get("PLUGBROKER_JOURNAL_FAST_PATH", "1") != "0":
+        direct_calls(host, rec, name)
     _RECORDERS[broker] = rec
     return rec
+
+
+def direct_calls(host: Any, rec: Recorder, name: str) -> list[str]:
+    """Skip pluggy's dispatch on the per-message hooks the recorder alone implements.
+
+    Measured: a pluggy call of a one-implementation hook costs about 1.7 µs, the recorder's
+    method itself 0.35 µs; with three per-message hooks that was most of the journal's cost on
+    the broker's loop. The host exposes each hook as an attribute the core calls with keywords
+    (``h(vhost=..., ...)``); when the recorder is the only implementation, calling its method
+    directly does exactly what pluggy would, so the attribute is pointed at the method. The
+    core's calling convention is unchanged, and the host recomputes every attribute whenever a
+    plugin is registered or unregistered, so a second implementation (or the recorder leaving)
+    puts pluggy back in charge. Set ``PLUGBROKER_JOURNAL_FAST_PATH=0`` to turn this off.
+    """
+    done = []
+    for hook in HOT_HOOKS:
+        attr = hook[len("broker_"):]
+        if getattr(host, attr, None) is None or not hasattr(host, "implementers"):
+            continue
+        if tuple(host.implementers(hook)) == (name,):
+            setattr(host, attr, getattr(rec, hook))
+            done.append(hook)
+    return done
 
 
 def stop_recording(broker: Broker) -> None:
@@ -693,7 +734,7 @@ def stop_recording(broker: Broker) -> None:
     rec = _RECORDERS.pop(broker, None)
     if rec is None:
         return
-    host = broker.hooks
+    host: Any = broker.hooks
     try:
         host.unregister(f"journal-recorder-{rec.journal.run}")
     except Exception:  # the host may already be torn down

@@ -1,0 +1,43 @@
+"""The Spark pipeline over the event journal: ``report``, ``backtest`` and ``recommend``.
+
+Runnable as ``plugbroker analyze ...`` (see :mod:`broker.analyze.cli`) and from Python::
+
+    from broker.analyze import report, backtest, recommend
+
+    report("events/", "out/")                             # tables + out/report.html
+    result = backtest("events/", "candidate.xml")          # what the candidate would have done
+    print(recommend("events/").xml)                        # thresholds as an XML snippet
+
+Each function takes an optional ``spark`` session; without one it uses the active session or
+starts one with no master set in code, so ``local[*]`` is the default and ``spark-submit
+--master`` or the ``MASTER`` environment variable choose a cluster. Importing this package does
+not import pyspark; the functions do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def report(journal: Any, out: Any, **kw: Any) -> Any:
+    """Per-queue and per-consumer figures as tables and an HTML page; see :mod:`.report`."""
+    from broker.analyze.report import report as run
+
+    return run(journal, out, **kw)
+
+
+def backtest(journal: Any, config: Any, **kw: Any) -> Any:
+    """Replay the journal against a candidate config; see :mod:`.backtest`."""
+    from broker.analyze.backtest import backtest as run
+
+    return run(journal, config, **kw)
+
+
+def recommend(journal: Any, **kw: Any) -> Any:
+    """Thresholds from what the journal shows, as an XML snippet; see :mod:`.recommend`."""
+    from broker.analyze.recommend import recommend as run
+
+    return run(journal, **kw)
+
+
+__all__ = ["backtest", "recommend", "report"]

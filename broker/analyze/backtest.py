@@ -1,0 +1,197 @@
+"""``plugbroker analyze backtest``: what a candidate configuration would have done to this traffic.
+
+The journal's queue events are partitioned by queue across Spark tasks, sorted in journal order
+within each task, and replayed by :class:`broker.analyze.replay.Replayer`, which rebuilds the
+snapshots the broker's housekeeping jobs would have taken at each check and hands them to the
+policy plugins' own ``evaluate`` functions (the snapshot pattern: not a second implementation).
+
+The result lists, per action the candidate's policies would have asked for, when (first and last
+check, for a ``Log``/``Spared`` streak), on which queue and consumer, and with which threshold,
+configured and measured value; beside it, the actions the running broker really took (the
+journal's ``policy_action`` events), so the two can be compared.
+
+Cluster note: the Spark workers import ``broker`` and ``plugins`` (and any plugin module the
+candidate names), so install plugbroker on them or ship it with ``spark-submit --py-files``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from broker.analyze.events import QUEUE_EVENTS, read_events, runs
+from broker.analyze.replay import COLUMNS, load_candidate, policy_checks, replay_partition
+from broker.analyze.spark import Progress, get_spark
+
+ACTION_COLUMNS = ("at", "until", "checks", "job", "policy", "action", "vhost", "queue",
+                  "consumer_tag", "connection_id", "threshold", "configured", "measured",
+                  "measured_max", "reason", "outcome")
+ACTUAL_COLUMNS = ("ts", "policy", "action", "vhost", "queue", "consumer_tag", "connection_id",
+                  "threshold", "configured", "measured", "outcome", "reason")
+
+
+@dataclass
+class BacktestResult:
+    """The candidate's would-be actions and the broker's real ones, each sorted by time."""
+
+    config: str
+    periods: dict[str, float]
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    actual: list[dict[str, Any]] = field(default_factory=list)
+    events: int = 0
+    seconds: float = 0.0
+
+    def disruptive(self) -> list[dict[str, Any]]:
+        """The actions that would have touched a client (not ``Log``/``Spared``)."""
+        return [a for a in self.actions if a["outcome"] == "applied"]
+
+    def summary(self) -> str:
+        """A text table for people: one line per would-be action, then the real ones."""
+        from broker.analyze.htmlreport import fmt_time
+
+        lines = [f"backtest of {self.config} over {self.events:,} queue events; checks every "
+                 + ", ".join(f"{k} {v:g}s" for k, v in self.periods.items())]
+        if not self.actions:
+            lines.append("the candidate's policies would have taken no action")
+        else:
+            lines.append(f"{len(self.actions)} action(s) the candidate would have taken:")
+        for a in self.actions:
+            who = f" consumer {a['consumer_tag']}" if a["consumer_tag"] else ""
+            streak = (f" (every check until {fmt_time(a['until'])}, {a['checks']} checks)"
+                      if a["checks"] > 1 else "")
+            measured = "" if a["measured"] is None else (
+                f": {a['threshold']} measured {a['measured']:g} > configured "
+                f"{a['configured']:g}")
+            lines.append(f"  {fmt_time(a['at'], True)}  {a['policy']:<10} {a['action']:<22} "
+                         f"{a['vhost']} {a['queue']}{who}{measured} [{a['outcome']}]{streak}")
+        lines.append(f"{len(self.actual)} action(s) the running broker took (from the journal)")
+        for a in self.actual:
+            who = f" consumer {a['consumer_tag']}" if a["consumer_tag"] else ""
+            measured = "" if a["measured"] is None else (
+                f": {a['threshold']} measured {a['measured']:g} > configured "
+                f"{a['configured']:g}")
+            lines.append(f"  {fmt_time(a['ts'], True)}  {a['policy']:<10} {a['action']:<22} "
+                         f"{a['vhost']} {a['queue']}{who}{measured} [{a['outcome']}]")
+        return "\n".join(lines)
+
+
+def backtest(journal: str | Path, config: str | Path, *, spark: Any = None,
+             master: str | None = None, every: float | None = None, out: str | Path | None = None,
+             partitions: int | None = None, quiet: bool = False) -> BacktestResult:
+    """Replay ``journal`` against the candidate configuration file ``config``.
+
+    :param every: check period in seconds for every policy job, instead of the periods the
+        candidate configures (useful on a short recorded run).
+    :param out: also write ``actions`` and ``actual`` tables (Parquet and CSV) and
+        ``backtest.txt`` there.
+    :param partitions: Spark tasks to spread the queues over (default: twice the parallelism).
+    """
+    from pyspark.sql import functions as F
+
+    spark = spark or get_spark(master)
+    progress = Progress("backtest", 4, spark=spark, quiet=quiet)
+    config_path = Path(config)
+    text = config_path.read_text(encoding="utf-8")
+
+    progress.step(f"checking {config_path}")
+    cfg, plugins = load_candidate(text, str(config_path))  # refuses a bad file now, located
+    periods = {c.name: c.period for c in policy_checks(cfg, plugins, every)}
+
+    progress.step(f"reading {journal}")
+    events = read_events(spark, journal)
+    run_rows = sorted(((r["run"], r["run_start"], r["run_end"]) for r in runs(events).collect()),
+                      key=lambda r: r[1])
+    if not run_rows:
+        return BacktestResult(str(config_path), periods)
+    start = min(r[1] for r in run_rows)
+    end = max(r[2] for r in run_rows)
+    sel = events.where(F.col("event").isin(*QUEUE_EVENTS) & F.col("queue").isNotNull()
+                       & (F.col("event") != "policy_action")).select(*COLUMNS)
+    n = partitions or max(2, spark.sparkContext.defaultParallelism * 2)
+    parted = sel.repartition(n, "vhost", "queue").sortWithinPartitions("run", "seq")
+
+    progress.step(f"replaying the queues in {n} task(s) against the candidate's policies")
+    fn = partial(replay_partition, config_text=text, config_name=str(config_path), every=every,
+                 runs=run_rows, start=start, end=end)
+    rows = _collect_with_progress(spark, parted.rdd.mapPartitions(fn), progress)
+    replayed = sum(r["events"] for r in rows if "_stats" in r)
+    actions = sorted((r for r in rows if "_stats" not in r),
+                     key=lambda a: (a["at"], a["vhost"], a["queue"], a["action"]))
+
+    progress.step("the actions the broker really took")
+    actual_rows = events.where(F.col("event") == "policy_action").orderBy("run", "seq") \
+        .select(*ACTUAL_COLUMNS).collect()
+    result = BacktestResult(str(config_path), periods, actions,
+                            [r.asDict() for r in actual_rows])
+    result.events = replayed
+    result.seconds = progress.elapsed
+    if out is not None:
+        _write(spark, result, Path(out))
+    progress.say(f"backtest done: {len(actions)} would-be action(s), "
+                 f"{len(result.actual)} real one(s)")
+    return result
+
+
+def _collect_with_progress(spark: Any, rdd: Any, progress: Progress) -> list[dict[str, Any]]:
+    """``rdd.collect()``, printing how many tasks are done every few seconds while it runs."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["rows"] = rdd.collect()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            result["error"] = exc
+
+    t = threading.Thread(target=run, name="backtest-collect", daemon=True)
+    t.start()
+    tracker = spark.sparkContext.statusTracker()
+    last = ""
+    while t.is_alive():
+        t.join(3.0)
+        if not t.is_alive():
+            break
+        stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+        stages = [s for s in stages if s is not None]
+        if stages:
+            done = sum(s.numCompletedTasks for s in stages)
+            total = sum(s.numTasks for s in stages)
+            line = f"  replay: {done}/{total} task(s) done"
+            if line != last:
+                progress.say(line)
+                last = line
+    if "error" in result:
+        raise result["error"]
+    return list(result.get("rows", []))
+
+
+def _write(spark: Any, result: BacktestResult, out: Path) -> None:
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+    out_s = str(out)
+    types = {"at": DoubleType(), "until": DoubleType(), "checks": LongType(),
+             "configured": DoubleType(), "measured": DoubleType(), "measured_max": DoubleType(),
+             "ts": DoubleType()}
+    for name, rows, cols in (("actions", result.actions, ACTION_COLUMNS),
+                             ("actual", result.actual, ACTUAL_COLUMNS)):
+        schema = StructType([StructField(c, types.get(c, StringType())) for c in cols])
+        df = spark.createDataFrame([tuple(_num(r.get(c), types.get(c)) for c in cols)
+                                    for r in rows], schema)
+        df.coalesce(1).write.mode("overwrite").parquet(f"{out_s}/tables/{name}")
+        df.coalesce(1).write.mode("overwrite").option("header", True).csv(f"{out_s}/csv/{name}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "backtest.txt").write_text(result.summary() + "\n", encoding="utf-8")
+    (out / "backtest.json").write_text(json.dumps(
+        {"config": result.config, "periods": result.periods, "actions": result.actions,
+         "actual": result.actual}, indent=1, default=str) + "\n", encoding="utf-8")
+
+
+def _num(v: Any, t: Any) -> Any:
+    if v is None or t is None:
+        return v
+    from pyspark.sql.types import LongType
+
+    return int(v) if isinstance(t, LongType) else float(v)

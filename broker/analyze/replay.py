@@ -1,0 +1,639 @@
+"""Replaying a journal into the snapshots the live broker's policies see (the snapshot pattern).
+
+:class:`Replayer` consumes journal events in order and keeps, per queue, the same running figures
+the core keeps: the messages it holds (ready, unacked, awaiting the fate of a reject) with their
+arrival times and sizes, acks since declaration, its consumers with their unacked counts, last
+ack and first delivery, its bindings (with exchange types) and so its resolved policy. At each
+check time of the candidate configuration it builds a :class:`broker.policy.Snapshot` of those
+figures and calls the policy plugins' own pure ``evaluate`` functions, the very ones the
+housekeeping jobs call in the broker:
+
+* ``plugins.slow_consumer.evaluate(snapshot, state, policy_for)``, always;
+* ``plugins.isolation.evaluate(snapshot, state)``, when that plugin is installed.
+
+Time is the journal's wall clock in seconds; the policies only look at differences, so that
+stands in for the broker's monotonic clock. The replay follows what really happened (the journal);
+an action the candidate would have taken is recorded, and only its effect on the policy's own
+view is simulated: a queue it would have deleted is out of later snapshots until it is declared
+again, a consumer it would have isolated counts as isolated until it acks, rejects or leaves.
+
+This module is plain Python (no Spark): :mod:`broker.analyze.backtest` runs it in Spark tasks,
+one per group of queues, and tests can run it directly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.policy import (
+    Action,
+    ConsumerView,
+    DeleteQueue,
+    IsolateConsumer,
+    LogOnly,
+    QueueView,
+    ReleaseConsumer,
+    Snapshot,
+    Spared,
+)
+
+log = logging.getLogger("broker.analyze.replay")
+
+#: the columns a replayed event carries, in this order
+COLUMNS = ("run", "seq", "ts", "event", "vhost", "queue", "exchange", "routing_key",
+           "consumer_tag", "connection_id", "channel_id", "message_id", "body_size",
+           "delivery_count", "no_ack", "requeue", "durable", "exclusive", "auto_delete", "count",
+           "reason", "detail")
+(RUN, SEQ, TS, EVENT, VHOST, QUEUE, EXCHANGE, ROUTING_KEY, TAG, CONN, CHANNEL, MID, SIZE, DCOUNT,
+ NO_ACK, REQUEUE, DURABLE, EXCLUSIVE, AUTO_DELETE, COUNT, REASON, DETAIL) = range(len(COLUMNS))
+
+READY, UNACKED, PENDING = 0, 1, 2
+
+#: outcome recorded for a backtest action, by action type
+_OUTCOME = {LogOnly: "logged", Spared: "spared"}
+
+
+# ---------------------------------------------------------------------------------- state
+
+
+class ConsumerState:
+    __slots__ = (
+        "channel",
+        "conn",
+        "first_delivery",
+        "isolated",
+        "last_ack",
+        "no_ack",
+        "prefetch",
+        "tag",
+        "unacked",
+    )
+
+    def __init__(self, tag: str, conn: str, channel: int, prefetch: int = 0,
+                 no_ack: bool = False) -> None:
+        self.tag = tag
+        self.conn = conn
+        self.channel = channel
+        self.unacked = 0
+        self.last_ack: float | None = None
+        self.first_delivery: float | None = None
+        self.isolated = False  # simulated: isolated by the candidate's policy
+        self.prefetch = prefetch
+        self.no_ack = no_ack
+
+    def view(self) -> ConsumerView:
+        return ConsumerView(self.tag, self.conn, self.channel, max(self.unacked, 0),
+                            self.last_ack, self.first_delivery, self.isolated, self.prefetch,
+                            self.no_ack)
+
+
+class QueueState:
+    """One queue's running figures, as the core keeps them."""
+
+    __slots__ = (
+        "acks_total",
+        "auto_delete",
+        "bindings",
+        "bytes",
+        "consumers",
+        "durable",
+        "exclusive",
+        "getters",
+        "held",
+        "name",
+        "pending",
+        "policy",
+        "ready",
+        "subscription_type",
+        "suppressed",
+        "vhost",
+    )
+
+    def __init__(self, vhost: str, name: str, durable: bool = False, auto_delete: bool = False,
+                 exclusive: bool = False, subscription_type: str | None = None) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.exclusive = exclusive
+        self.subscription_type = subscription_type or "shared"
+        #: message id -> [arrival, size, state, holder key]; insertion order is arrival order
+        self.held: dict[int, list[Any]] = {}
+        self.bytes = 0
+        self.ready = 0
+        self.pending = 0
+        self.acks_total = 0
+        self.consumers: dict[tuple[str, str], ConsumerState] = {}
+        #: (exchange, key) -> exchange type
+        self.bindings: dict[tuple[str, str], str] = {}
+        self.getters: dict[tuple[str, int], None] = {}
+        self.policy: Any = None  # resolved lazily, dropped when bindings change
+        self.suppressed = False  # deleted by the candidate's policy (simulated)
+
+    def view(self, now: float, policy: Any) -> QueueView:
+        held = self.held
+        n = len(held)
+        oldest = next(iter(held.values()))[0] if n else None
+        sub = getattr(policy, "subscription", None) or self.subscription_type
+        return QueueView(
+            self.vhost, self.name, self.durable, self.auto_delete, self.exclusive, sub, n,
+            self.bytes, self.ready, max(n - self.ready - self.pending, 0), oldest,
+            self.acks_total, tuple(c.view() for c in self.consumers.values()),
+            tuple((ex, etype, key) for (ex, key), etype in self.bindings.items()), policy,
+            tuple(self.getters))
+
+
+# ---------------------------------------------------------------------------------- policies
+
+
+@dataclass
+class PolicyCheck:
+    """One housekeeping job to replay: its name, the section its snapshot asks for, its period,
+    and the plugin's pure evaluate function (called as ``evaluate(snapshot, state)``)."""
+
+    name: str
+    section: str
+    period: float
+    evaluate: Callable[[Snapshot, dict[Any, Any]], list[Action]]
+    state: dict[Any, Any] = field(default_factory=dict)
+    next_due: float = 0.0
+    checks: int = 0
+
+
+def load_candidate(text: str, source_name: str = "candidate.xml") -> tuple[Any, Any]:
+    """``(config, plugins)`` for a candidate configuration given as XML text.
+
+    Loads the built-in plugins and any the candidate names (``<plugins>``), so its policies and
+    plugin elements are known, then parses and validates the file exactly as the broker would.
+    """
+    from broker.config import parse_config
+    from broker.runner import load_plugins
+
+    fd, tmp = tempfile.mkstemp(suffix=".xml", prefix="plugbroker-candidate-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        plugins, registry = load_plugins(_Path(tmp))
+    finally:
+        os.unlink(tmp)
+    config = parse_config(text, source_name, registry=registry)
+    if plugins.configure is not None:
+        plugins.configure(config=config)
+    plugins.verify_policies(config)
+    return config, plugins
+
+
+def _Path(p: str) -> Any:
+    from pathlib import Path
+
+    return Path(p)
+
+
+def policy_checks(config: Any, plugins: Any, every: float | None = None) -> list[PolicyCheck]:
+    """The policy jobs to replay for ``config``: slow-consumer always, isolation if installed.
+
+    Periods as the broker's housekeeping resolves them (``<housekeeping><period>`` for the
+    slow-consumer check, the shortest ``<isolation><checkPeriod>`` for isolation), unless
+    ``every`` (seconds) overrides both.
+    """
+    from broker.runner import period_for
+    from plugins import slow_consumer
+
+    cache: dict[str, Any] = {}
+
+    def policy_for(name: str) -> Any:
+        if name not in cache:
+            cache[name] = plugins.registry.policy(name)
+        return cache[name]
+
+    default = float(config.housekeeping_period)
+    checks = [PolicyCheck(
+        name=slow_consumer.JOB_NAME, section="consumer", period=every or default,
+        evaluate=lambda snap, state: slow_consumer.evaluate(snap, state, policy_for))]
+    try:
+        isolation = importlib.import_module("plugins.isolation")
+    except ImportError:
+        isolation = None
+    evaluate = getattr(isolation, "evaluate", None)
+    if callable(evaluate):
+        period = every or period_for(config, "isolation.checkPeriod") or default
+        wants_policies = "policy_for" in inspect.signature(evaluate).parameters
+
+        def fn(snap: Snapshot, state: dict[Any, Any], ev: Any = evaluate,
+               with_policies: bool = wants_policies) -> list[Action]:
+            return ev(snap, state, policy_for) if with_policies else ev(snap, state)
+
+        checks.append(PolicyCheck(name=getattr(isolation, "JOB_NAME", "isolation"),
+                                  section="isolation", period=float(period), evaluate=fn))
+    return checks
+
+
+# ---------------------------------------------------------------------------------- replay
+
+
+class Replayer:
+    """Feed events in journal order (:meth:`feed`), then :meth:`finish`; read :attr:`actions`.
+
+    :param runs: ``(run, start, end)`` of every broker run in the journal, in time order; checks
+        happen only while a run is going, and every queue is forgotten when a run ends (the next
+        run's journal opens with the queues, bindings and messages that survived).
+    :param start: the journal's first event time; check ``k`` of a job happens at
+        ``start + k * period`` (``k >= 1``), as the housekeeping pool first runs one period after
+        it starts.
+    """
+
+    def __init__(self, config: Any, checks: Sequence[PolicyCheck],
+                 runs: Sequence[tuple[str, float, float]], start: float) -> None:
+        self.config = config
+        self.checks = list(checks)
+        self.runs = sorted(runs, key=lambda r: r[1])
+        self.start = start
+        for c in self.checks:
+            c.next_due = start + c.period
+        self.queues: dict[tuple[str, str], QueueState] = {}
+        self.actions: list[dict[str, Any]] = []
+        self.events = 0
+        self._run_idx = -1
+        self._run: str | None = None
+        self._clock = start
+        self._open: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    # -- driving ----------------------------------------------------------------------------------
+
+    def feed(self, ev: Sequence[Any]) -> None:
+        ts = ev[TS]
+        if ev[RUN] != self._run:
+            self._switch_run(ev[RUN])
+        if ts > self._clock:
+            self._checks_until(ts)
+            self._clock = ts
+        self.events += 1
+        handler = _HANDLERS.get(ev[EVENT])
+        if handler is not None:
+            handler(self, ev, self._clock)
+
+    def feed_all(self, events: Iterable[Sequence[Any]]) -> Replayer:
+        for ev in events:
+            self.feed(ev)
+        return self
+
+    def finish(self, end: float | None = None) -> list[dict[str, Any]]:
+        """Run the checks due up to ``end`` (the last run's end by default); return the actions."""
+        if end is None:
+            end = self.runs[-1][2] if self.runs else self._clock
+        self._checks_until(end, inclusive=True)
+        self._clock = max(self._clock, end)
+        return self.actions
+
+    def _run_index(self, name: str) -> int:
+        for i, (r, _, _) in enumerate(self.runs):
+            if r == name:
+                return i
+        return len(self.runs)  # a run the driver did not list: treat it as the latest
+
+    def _switch_run(self, name: str) -> None:
+        idx = self._run_index(name)
+        if self._run is not None and idx > self._run_idx and self._run_idx < len(self.runs):
+            # the previous run ended: its checks up to its end, then what it held is gone
+            end = self.runs[self._run_idx][2]
+            if end > self._clock:
+                self._checks_until(end, inclusive=True)
+                self._clock = end
+        if idx != self._run_idx:
+            self.queues.clear()
+            self._open.clear()
+        self._run, self._run_idx = name, idx
+
+    def _run_at(self, t: float) -> int | None:
+        for i, (_, start, end) in enumerate(self.runs):
+            if start <= t <= end:
+                return i
+        return None if self.runs else self._run_idx
+
+    def _checks_until(self, t: float, inclusive: bool = False) -> None:
+        while True:
+            due = min(self.checks, key=lambda c: c.next_due, default=None)
+            if due is None or due.next_due > t or (not inclusive and due.next_due == t):
+                return
+            at = due.next_due
+            due.next_due = at + due.period
+            idx = self._run_at(at)
+            if idx is None or idx < self._run_idx:
+                continue  # the broker was down, or a run this replay has already left
+            if idx > self._run_idx:
+                # a later run began and none of this replay's queues has spoken in it yet
+                self.queues.clear()
+                self._open.clear()
+                self._run, self._run_idx = self.runs[idx][0], idx
+            self._check(due, at)
+
+    # -- checks -----------------------------------------------------------------------------------
+
+    def snapshot(self, section: str | None, now: float) -> Snapshot:
+        views = []
+        for q in self.queues.values():
+            if q.suppressed:
+                continue
+            pol = self._policy(q)
+            if section is None or section in pol:
+                views.append(q.view(now, pol))
+        return Snapshot(now, tuple(views))
+
+    def _policy(self, q: QueueState) -> Any:
+        pol = q.policy
+        if pol is None:
+            vc = self.config.vhosts.get(q.vhost)
+            pol = vc.resolve(q.name, [(ex, etype, key) for (ex, key), etype in
+                                      q.bindings.items()]) if vc is not None else {}
+            q.policy = pol
+        return pol
+
+    def _check(self, check: PolicyCheck, now: float) -> None:
+        check.checks += 1
+        snap = self.snapshot(check.section, now)
+        if not snap.queues:
+            self._close_streaks(check.name, check.checks)
+            return
+        actions = check.evaluate(snap, check.state)
+        seen: set[tuple[Any, ...]] = set()
+        for a in actions:
+            seen.add(self._record(check, a, now))
+            self._simulate(a)
+        self._close_streaks(check.name, check.checks, keep=seen)
+
+    def _record(self, check: PolicyCheck, a: Action, now: float) -> tuple[Any, ...]:
+        outcome = _OUTCOME.get(type(a), "applied")
+        tag = getattr(a, "consumer_tag", "") or None
+        conn = getattr(a, "connection_id", "") or None
+        key = (check.name, a.vhost, a.queue, type(a).__name__, tag, conn, a.threshold)
+        row = self._open.get(key)
+        repeat = outcome in ("logged", "spared")
+        if repeat and row is not None and row["_last_check"] == check.checks - 1:
+            row["until"] = now
+            row["checks"] += 1
+            row["_last_check"] = check.checks
+            if a.measured is not None:
+                row["measured_max"] = max(row["measured_max"] or a.measured, a.measured)
+            return key
+        row = {"at": now, "until": now, "checks": 1, "job": check.name, "policy": a.policy,
+               "action": type(a).__name__, "vhost": a.vhost, "queue": a.queue,
+               "consumer_tag": tag, "connection_id": conn, "threshold": a.threshold or None,
+               "configured": _f(a.configured), "measured": _f(a.measured),
+               "measured_max": _f(a.measured), "reason": a.reason, "outcome": outcome,
+               "_last_check": check.checks}
+        self.actions.append(row)
+        if repeat:
+            self._open[key] = row
+        return key
+
+    def _close_streaks(self, job: str, check_no: int,
+                       keep: frozenset[tuple[Any, ...]] | set[tuple[Any, ...]] = frozenset()
+                       ) -> None:
+        for key in [k for k in self._open if k[0] == job and k not in keep]:
+            del self._open[key]
+
+    def _simulate(self, a: Action) -> None:
+        q = self.queues.get((a.vhost, a.queue))
+        if q is None:
+            return
+        if isinstance(a, DeleteQueue):
+            q.suppressed = True
+        elif isinstance(a, (IsolateConsumer, ReleaseConsumer)):
+            c = _find(q, a.consumer_tag, a.connection_id)
+            if c is not None:
+                c.isolated = isinstance(a, IsolateConsumer)
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def queue(self, ev: Sequence[Any]) -> QueueState:
+        key = (ev[VHOST], ev[QUEUE])
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = QueueState(ev[VHOST], ev[QUEUE])
+        return q
+
+
+def _f(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _find(q: QueueState, tag: str, conn: str) -> ConsumerState | None:
+    c = q.consumers.get((conn, tag))
+    if c is not None:
+        return c
+    for c in q.consumers.values():
+        if c.tag == tag and (not conn or c.conn == conn):
+            return c
+    return None
+
+
+def _consumer(q: QueueState, ev: Sequence[Any]) -> ConsumerState | None:
+    tag = ev[TAG]
+    if tag is None:
+        return None
+    key = (ev[CONN], tag)
+    c = q.consumers.get(key)
+    if c is None:  # the journal began after it subscribed
+        c = q.consumers[key] = ConsumerState(tag, ev[CONN], ev[CHANNEL] or 0)
+    return c
+
+
+def _settled_by(r: Replayer, q: QueueState, ev: Sequence[Any], now: float) -> None:
+    """The consumer that acked or rejected: its clock restarts and it leaves the blocklist."""
+    c = _consumer(q, ev)
+    if c is not None:
+        c.last_ack = now
+        c.isolated = False
+
+
+def _take(q: QueueState, mid: int) -> list[Any] | None:
+    """Remove a message from the queue's figures; return its record."""
+    m = q.held.pop(mid, None)
+    if m is None:
+        return None
+    q.bytes -= m[1]
+    if m[2] == READY:
+        q.ready -= 1
+    elif m[2] == UNACKED:
+        holder = q.consumers.get(m[3]) if m[3] is not None else None
+        if holder is not None:
+            holder.unacked -= 1
+    elif m[2] == PENDING:
+        q.pending -= 1
+    return m
+
+
+def _on_published(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    if ev[QUEUE] is None:
+        return
+    q = r.queue(ev)
+    mid = ev[MID]
+    if mid in q.held:
+        return
+    size = ev[SIZE] or 0
+    q.held[mid] = [ev[TS], size, READY, None]
+    q.bytes += size
+    q.ready += 1
+
+
+def _on_delivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    q = r.queue(ev)
+    mid = ev[MID]
+    m = q.held.get(mid)
+    if m is None:  # arrived without a published event (dead-letter copy, delayed, restored)
+        size = ev[SIZE] or 0
+        m = q.held[mid] = [ev[TS], size, READY, None]
+        q.bytes += size
+        q.ready += 1
+    if m[2] == READY:
+        q.ready -= 1
+    elif m[2] == PENDING:
+        q.pending -= 1
+    elif m[2] == UNACKED and m[3] is not None and m[3] in q.consumers:
+        q.consumers[m[3]].unacked -= 1
+    c = _consumer(q, ev)
+    if c is None:
+        q.getters[(ev[CONN], ev[CHANNEL] or 0)] = None
+    elif c.first_delivery is None:
+        c.first_delivery = now
+    if ev[NO_ACK]:
+        q.held.pop(mid, None)
+        q.bytes -= m[1]
+        q.acks_total += 1
+        return
+    m[2] = UNACKED
+    m[3] = (c.conn, c.tag) if c is not None else None
+    if c is not None:
+        c.unacked += 1
+
+
+def _on_acked(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    q = r.queue(ev)
+    _take(q, ev[MID])
+    q.acks_total += 1
+    _settled_by(r, q, ev, now)
+
+
+def _on_rejected(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    q = r.queue(ev)
+    m = q.held.get(ev[MID])
+    if m is not None:
+        if m[2] == UNACKED:
+            holder = q.consumers.get(m[3]) if m[3] is not None else None
+            if holder is not None:
+                holder.unacked -= 1
+        elif m[2] == READY:
+            q.ready -= 1
+        if m[2] != PENDING:
+            q.pending += 1
+        m[2] = PENDING
+        m[3] = None
+    _settled_by(r, q, ev, now)
+
+
+def _on_redelivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    q = r.queue(ev)
+    m = q.held.get(ev[MID])
+    if m is None or m[2] == READY:
+        return
+    if m[2] == UNACKED:
+        holder = q.consumers.get(m[3]) if m[3] is not None else None
+        if holder is not None:
+            holder.unacked -= 1
+    else:
+        q.pending -= 1
+    m[2] = READY
+    m[3] = None
+    q.ready += 1
+
+
+def _on_gone(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    """dead_lettered, dropped, expired: the message leaves (a settle if it was rejected)."""
+    q = r.queues.get((ev[VHOST], ev[QUEUE]))
+    if q is None:
+        return
+    m = _take(q, ev[MID])
+    if m is not None and m[2] == PENDING:
+        q.acks_total += 1
+
+
+def _on_consumer_added(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    q = r.queue(ev)
+    q.consumers[(ev[CONN], ev[TAG])] = ConsumerState(ev[TAG], ev[CONN], ev[CHANNEL] or 0,
+                                                     int(ev[COUNT] or 0), bool(ev[NO_ACK]))
+
+
+def _on_consumer_removed(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    q = r.queues.get((ev[VHOST], ev[QUEUE]))
+    if q is not None:
+        q.consumers.pop((ev[CONN], ev[TAG]), None)
+
+
+def _on_queue_declared(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    key = (ev[VHOST], ev[QUEUE])
+    old = r.queues.get(key)
+    q = QueueState(ev[VHOST], ev[QUEUE], bool(ev[DURABLE]), bool(ev[AUTO_DELETE]),
+                   bool(ev[EXCLUSIVE]), ev[DETAIL])
+    if old is not None and ev[REASON] == "existing":
+        # the journal's opening inventory of a queue the replay already knows: keep its figures
+        old.durable, old.auto_delete, old.exclusive = q.durable, q.auto_delete, q.exclusive
+        old.subscription_type = q.subscription_type
+        return
+    r.queues[key] = q
+
+
+def _on_queue_deleted(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    r.queues.pop((ev[VHOST], ev[QUEUE]), None)
+
+
+def _on_bound(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    q = r.queue(ev)
+    q.bindings[(ev[EXCHANGE], ev[ROUTING_KEY])] = ev[DETAIL] or "direct"
+    q.policy = None
+
+
+def _on_unbound(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    q = r.queues.get((ev[VHOST], ev[QUEUE]))
+    if q is not None:
+        q.bindings.pop((ev[EXCHANGE], ev[ROUTING_KEY]), None)
+        q.policy = None
+
+
+_HANDLERS: dict[str, Callable[[Replayer, Sequence[Any], float], None]] = {
+    "published": _on_published,
+    "delivered": _on_delivered,
+    "acked": _on_acked,
+    "rejected": _on_rejected,
+    "redelivered": _on_redelivered,
+    "dead_lettered": _on_gone,
+    "dropped": _on_gone,
+    "expired": _on_gone,
+    "consumer_added": _on_consumer_added,
+    "consumer_removed": _on_consumer_removed,
+    "queue_declared": _on_queue_declared,
+    "queue_deleted": _on_queue_deleted,
+    "queue_bound": _on_bound,
+    "queue_unbound": _on_unbound,
+}
+
+
+def replay_partition(rows: Iterator[Any], *, config_text: str, config_name: str,
+                     every: float | None, runs: Sequence[tuple[str, float, float]],
+                     start: float, end: float) -> Iterator[dict[str, Any]]:
+    """A Spark ``mapPartitions`` function: replay the events of some queues (sorted by run and
+    seq) and yield the actions the candidate's policies would have asked for."""
+    config, plugins = load_candidate(config_text, config_name)
+    replayer = Replayer(config, policy_checks(config, plugins, every), runs, start)
+    for row in rows:
+        replayer.feed(tuple(row))
+    for action in replayer.finish(end):
+        action.pop("_last_check", None)
+        yield action
+    yield {"_stats": True, "events": replayer.events}

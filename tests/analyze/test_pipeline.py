@@ -1,0 +1,168 @@
+"""The Spark pipeline on a journal recorded from a real broker run (see conftest.record_run):
+report, backtest and recommend, in local mode on one shared SparkSession."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from broker.analyze import backtest, recommend
+from broker.config import parse_config
+
+
+def table(out: Path, name: str) -> list[dict[str, Any]]:
+    return pq.read_table(out / "tables" / f"{name}.parquet").to_pylist()
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def test_report_per_queue_figures(report_result, recording):
+    out = report_result.out
+    queues = {q["queue"]: q for q in table(out, "queues")}
+    work = queues["work"]
+    assert work["published"] == recording.work_published  # 40 and a warm-up message
+    assert work["acked"] == recording.work_published - 1  # all but the poison message
+    assert work["rejected"] == recording.poison_deliveries == 3
+    assert work["dead_lettered"] == 1
+    assert work["latency_p50"] is not None and 0 <= work["latency_p50"] < 1.0
+    assert work["latency_p50"] <= work["latency_p95"] <= work["latency_p99"]
+    # the stalled consumer held 3 messages for over a second: the backlog shows it
+    assert work["max_messages"] >= 3 and work["max_oldest_age"] >= 1.0
+    slow = queues[recording.slow_queue]
+    assert slow["published"] == 20 and slow["max_messages"] == 20
+    # the dead-lettered copy reaches work-DLQ without a published event (a core hook gap)
+
+
+def test_report_per_consumer_figures(report_result, recording):
+    consumers = {(c["queue"], c["consumer_tag"]): c for c in table(report_result.out,
+                                                                    "consumers")}
+    stalled = consumers[("work", "stalled")]
+    assert stalled["delivered"] == 3 and stalled["acked"] == 0 and stalled["isolated"] == 1
+    good = consumers[("work", "good")]
+    assert good["acked"] == recording.work_published - 1 and good["rejected"] == 3
+    assert good["requeued"] == 2
+    assert good["latency_p99"] is not None and good["latency_p99"] < 1.0
+
+
+def test_report_dead_letters_redeliveries_and_actions(report_result, recording):
+    out = report_result.out
+    dead = table(out, "dead_letters")
+    assert {(d["queue"], d["outcome"], d["reason"], d["count"]) for d in dead} >= {
+        ("work", "dead_lettered", "rejected", 1)}
+    redel = {(r["queue"], r["reason"]): r["count"] for r in table(out, "redeliveries")}
+    assert redel[("work", "rejected")] == 2
+    assert redel[("work", "consumer-isolated")] == 3
+    actions = table(out, "policy_actions")
+    kinds = {(a["event"], a["action"]) for a in actions}
+    assert ("policy_action", "IsolateConsumer") in kinds
+    assert ("policy_action", "CloseConsumerChannels") in kinds
+    assert ("consumer_isolated", None) in kinds
+    hist = table(out, "processing_time")
+    assert sum(h["count"] for h in hist if h["queue"] == "work") == recording.work_published - 1
+
+
+def test_report_series_and_csv(report_result, recording):
+    out = report_result.out
+    series = [s for s in table(out, "series") if s["queue"] == recording.slow_queue]
+    assert max(s["messages"] for s in series) == 20
+    assert series[-1]["messages"] == 0  # deleted by the policy: its messages left with it
+    rows = pacsv.read_csv(out / "csv" / "queues.csv").to_pylist()
+    assert any(r["queue"] == "work" for r in rows)
+
+
+def test_report_html_page_is_self_contained(report_result, recording):
+    page = report_result.html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert page.count("<svg") >= 4
+    assert "work" in page and "stalled" in page and "IsolateConsumer" in page
+    assert "<script" not in page and "http://" not in page.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")
+    assert report_result.overview["events"] > 100
+
+
+# ------------------------------------------------------------------------------------ backtest
+
+
+def key(a: dict[str, Any]) -> tuple[Any, ...]:
+    return (a["vhost"], a["queue"], a["policy"], a["action"], a["threshold"], a["consumer_tag"])
+
+
+def test_backtest_of_the_running_config_reproduces_the_real_actions(spark, recording):
+    every = 0.25
+    result = backtest(recording.journal, recording.config, spark=spark, every=every, quiet=True)
+    assert result.actual, "the recorded run took actions"
+    assert sorted(map(key, result.actions)) == sorted(map(key, result.actual))
+    real = {key(a): a for a in result.actual}
+    for a in result.actions:
+        r = real[key(a)]
+        assert a["configured"] == r["configured"]
+        # the backtest checks on a grid: it acts no later than the broker's check did
+        assert a["at"] <= r["ts"] + 1e-6
+        if a["threshold"] == "messageCount":
+            assert a["measured"] == r["measured"] == 20
+        else:  # ackTimeout: the age at the check, past the timeout in both
+            assert a["measured"] > a["configured"] and r["measured"] > r["configured"]
+            assert a["measured"] <= a["configured"] + every + 0.05
+
+
+def test_backtest_of_a_stricter_candidate_lists_more(spark, recording, tmp_path):
+    candidate = tmp_path / "candidate.xml"
+    candidate.write_text("""<broker><virtualhost name="/">
+      <queue name="work"><consumer><messageCount>2</messageCount><policy name="Log"/>
+      </consumer></queue>
+      <topic key="stocks.#"><consumer><messageCount>3</messageCount><policy name="Delete"/>
+      </consumer></topic>
+    </virtualhost></broker>""")
+    result = backtest(recording.journal, candidate, spark=spark, every=0.25, quiet=True,
+                      out=tmp_path / "out")
+    queues = {(a["queue"], a["action"]) for a in result.actions}
+    assert (recording.slow_queue, "DeleteQueue") in queues
+    assert ("work", "LogOnly") in queues  # the stalled consumer's 3 held messages
+    assert not any(a["action"] == "IsolateConsumer" for a in result.actions)
+    assert all(a["measured"] > a["configured"] for a in result.actions)
+    logs = [a for a in result.actions if a["action"] == "LogOnly"]
+    assert all(a["until"] >= a["at"] and a["checks"] >= 1 for a in logs)
+    assert (tmp_path / "out" / "backtest.txt").read_text().startswith("backtest of")
+    assert list((tmp_path / "out" / "csv" / "actions").glob("*.csv"))
+    assert result.disruptive() and "DeleteQueue" in result.summary()
+
+
+def test_backtest_refuses_a_bad_candidate_with_file_and_line(spark, recording, tmp_path):
+    from broker.config import ConfigError
+
+    bad = tmp_path / "bad.xml"
+    bad.write_text('<broker><virtualhost name="/">\n<queue name="w"><consumer>'
+                   '<messageAge>soon</messageAge><policy name="Log"/></consumer></queue>'
+                   '</virtualhost></broker>')
+    with pytest.raises(ConfigError) as err:
+        backtest(recording.journal, bad, spark=spark, quiet=True)
+    assert "bad.xml:2" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------ recommend
+
+
+def test_recommend_prints_a_snippet_that_validates(spark, recording):
+    rec = recommend(recording.journal, spark=spark, quiet=True, min_samples=10)
+    xml = rec.xml
+    cfg = parse_config(f"<broker>{xml}</broker>", "recommended.xml")
+    vh = cfg.vhosts["/"]
+    work = vh.queues["work"].sections
+    iso = work["isolation"]
+    # well above normal processing time: at least the 5 minute floor the TDMQ design advises
+    assert iso.ack_timeout >= 300
+    fig = {f.queue: f for f in rec.queues}["work"]
+    assert iso.ack_timeout >= 10 * fig.p999
+    consumer = work["consumer"]
+    assert consumer.message_count >= 2 * fig.max_messages and consumer.policy.name == "Log"
+    assert consumer.message_age >= 2 * fig.max_age
+    # the topic subscriptions are grouped under <topic key>
+    keys = {t.key for t in vh.topics}
+    assert {"stocks.us.ibm", "stocks.us.aapl"} <= keys
+    ibm = next(t for t in vh.topics if t.key == "stocks.us.ibm")
+    assert ibm.sections["consumer"].message_count >= 40
