@@ -361,7 +361,35 @@ class PluginHost:
         hook = self._pm.hook
         for spec, attr in HOOK_ATTRS.items():
             caller: HookCaller = getattr(hook, spec)
-            setattr(self, attr, caller if caller.get_hookimpls() else None)
+            impls = caller.get_hookimpls()
+            if not impls:
+                setattr(self, attr, None)
+            elif len(impls) == 1 and not (impls[0].hookwrapper or impls[0].wrapper):
+                setattr(self, attr, _direct(impls[0]))
+            else:
+                setattr(self, attr, caller)
+
+
+def _direct(impl: Any) -> Any:
+    """Call a hook's only implementation without pluggy's dispatch.
+
+    Measured: pluggy calls a one-implementation hook in about 1.3-1.7 µs, the implementation
+    itself often costs a fifth of that; per-message hooks run several times per message. With a
+    single implementation the outcome is the same as pluggy's: it gets the arguments it declares
+    (a subset of the spec's, by name), a firstresult hook returns its result, a notification's
+    result is not used. Wrappers keep pluggy (they need its machinery). The host recomputes this
+    whenever a plugin is registered or unregistered, so a second implementation puts pluggy
+    back in charge.
+    """
+    fn = impl.function
+    names = tuple(impl.argnames)
+
+    def call(**kwargs: Any) -> Any:
+        return fn(*[kwargs[n] for n in names])
+
+    call.__name__ = getattr(fn, "__name__", "hook")
+    call.__doc__ = f"direct call of {impl.plugin_name}'s only implementation"
+    return call
 
 
 # -- reading policy names out of a configuration -------------------------------------------------

@@ -21,9 +21,9 @@ The buffer is bounded (``max_buffer`` events). When the writer falls behind, eve
 rather than blocking the loop: the count is kept, logged (at most every 10 s) and written into the
 journal itself as a ``journal_dropped`` event, so an analysis can tell the data is incomplete.
 
-Cost: through pluggy a one-implementation hook call costs about 1.7 µs against 0.35 µs for the
-recorder's method, three times per message; :func:`direct_calls` lets the host call the
-recorder's per-message methods directly while it is their only implementation.
+Cost: the recorder's per-message methods take about 0.35 µs; while it is the only implementation
+of a hook, the plugin host calls it directly rather than through pluggy's dispatch (see
+``broker.pluginhost._direct``).
 
 The schema is fixed and versioned (:data:`SCHEMA_VERSION`, also a column and file metadata);
 ``docs/analyze.md`` documents every column and what each event puts in it.
@@ -688,10 +688,6 @@ _RECORDERS: weakref.WeakKeyDictionary[Any, Recorder] = weakref.WeakKeyDictionary
 OPTIONS: dict[str, Any] = {}
 
 
-#: the per-message hooks, which run once per message and so are worth a direct call
-HOT_HOOKS = ("broker_message_published", "broker_message_delivered", "broker_message_acked")
-
-
 def start_recording(broker: Broker, path: Path) -> Recorder:
     """Open a journal at ``path`` and register its recorder with ``broker``'s plugin host."""
     journal = Journal(path, clock=broker.clock.time, **OPTIONS).start()
@@ -700,33 +696,8 @@ def start_recording(broker: Broker, path: Path) -> Recorder:
     host: Any = broker.hooks
     name = f"journal-recorder-{journal.run}"
     host.register(rec, name=name)
-    if os.environ.get("PLUGBROKER_JOURNAL_FAST_PATH", "1") != "0":
-        direct_calls(host, rec, name)
     _RECORDERS[broker] = rec
     return rec
-
-
-def direct_calls(host: Any, rec: Recorder, name: str) -> list[str]:
-    """Skip pluggy's dispatch on the per-message hooks the recorder alone implements.
-
-    Measured: a pluggy call of a one-implementation hook costs about 1.7 µs, the recorder's
-    method itself 0.35 µs; with three per-message hooks that was most of the journal's cost on
-    the broker's loop. The host exposes each hook as an attribute the core calls with keywords
-    (``h(vhost=..., ...)``); when the recorder is the only implementation, calling its method
-    directly does exactly what pluggy would, so the attribute is pointed at the method. The
-    core's calling convention is unchanged, and the host recomputes every attribute whenever a
-    plugin is registered or unregistered, so a second implementation (or the recorder leaving)
-    puts pluggy back in charge. Set ``PLUGBROKER_JOURNAL_FAST_PATH=0`` to turn this off.
-    """
-    done = []
-    for hook in HOT_HOOKS:
-        attr = hook[len("broker_"):]
-        if getattr(host, attr, None) is None or not hasattr(host, "implementers"):
-            continue
-        if tuple(host.implementers(hook)) == (name,):
-            setattr(host, attr, getattr(rec, hook))
-            done.append(hook)
-    return done
 
 
 def stop_recording(broker: Broker) -> None:

@@ -593,3 +593,62 @@ def test_declared_policies_become_usable_in_the_xml() -> None:
     config = parse_config(xml, registry=config_registry)
     host.verify_policies(config)
     assert config_registry.has_policy("ReducePrefetch")
+
+
+# -- the single-implementation fast path ----------------------------------------------------------
+
+
+def test_a_single_implementation_is_called_directly_with_the_arguments_it_declares() -> None:
+    import types
+
+    import pluggy
+
+    from broker.hookimpl import hookimpl as impl
+
+    seen: list[tuple[str, int]] = []
+    one = types.ModuleType("one_delay")
+
+    @impl
+    def broker_redelivery_delay(queue, delivery_count):  # a subset of the spec's arguments
+        seen.append((queue, delivery_count))
+        return 2.5
+
+    one.broker_redelivery_delay = broker_redelivery_delay  # type: ignore[attr-defined]
+    host = PluginHost()
+    host.register(one, "one_delay")
+    h = host.redelivery_delay
+    assert not isinstance(h, pluggy.HookCaller)  # the direct path
+    assert h(vhost="/", queue="q", message=None, delivery_count=3) == 2.5  # firstresult value
+    assert seen == [("q", 3)]
+
+    two = types.ModuleType("two_delay")
+
+    @impl
+    def broker_redelivery_delay(vhost, queue, message, delivery_count):  # noqa: F811
+        return None
+
+    two.broker_redelivery_delay = broker_redelivery_delay  # type: ignore[attr-defined]
+    host.register(two, "two_delay")
+    assert isinstance(host.redelivery_delay, pluggy.HookCaller)  # pluggy decides among two
+    assert host.redelivery_delay(vhost="/", queue="q", message=None, delivery_count=1) == 2.5
+    host.unregister("two_delay")
+    assert not isinstance(host.redelivery_delay, pluggy.HookCaller)
+
+
+def test_a_wrapper_keeps_pluggy_in_charge() -> None:
+    import types
+
+    import pluggy
+
+    from broker.hookimpl import hookimpl as impl
+
+    mod = types.ModuleType("wrapping")
+
+    @impl(wrapper=True)
+    def broker_message_acked(vhost, queue, consumer_tag, connection_id, channel_id, message):
+        return (yield)
+
+    mod.broker_message_acked = broker_message_acked  # type: ignore[attr-defined]
+    host = PluginHost()
+    host.register(mod, "wrapping")
+    assert isinstance(host.message_acked, pluggy.HookCaller)
