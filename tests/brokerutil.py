@@ -8,7 +8,9 @@ trigger a housekeeping check without waiting for the scheduler).
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,6 +46,30 @@ def write_config(directory: Path, vhost: str = "", *, store: bool = False,
     path = directory / name
     path.write_text(text)
     return path
+
+
+def drain_until(conn: Any, pred: Callable[[], bool], timeout: float = 3.0) -> None:
+    """Handle a client connection's events until ``pred()`` holds (AssertionError after
+    ``timeout`` seconds). Works for py-amqp and kombu connections."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError("condition not met within %.1f s" % timeout)
+        try:
+            conn.drain_events(timeout=min(left, 0.1))
+        except socket.timeout:
+            pass
+
+
+def drain_for(conn: Any, seconds: float) -> None:
+    """Handle a client connection's events for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            conn.drain_events(timeout=min(left, 0.1))
+        except socket.timeout:
+            pass
 
 
 class BrokerThread:

@@ -7,13 +7,13 @@ after a broker-side channel close, and consumer cancel notification.
 
 from __future__ import annotations
 
-import socket
 import time
-from typing import Any, Callable
+from typing import Any
 
 import amqp
 import kombu
 import pytest
+from brokerutil import drain_until  # noqa: E402
 from amqp import exceptions as ex
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
@@ -26,16 +26,6 @@ def conn(broker):
         yield c
 
 
-def drain_until(conn: kombu.Connection, pred: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError("condition not met within %.1f s" % timeout)
-        try:
-            conn.drain_events(timeout=min(left, 0.1))
-        except socket.timeout:
-            pass
 
 
 def bodies(conn: kombu.Connection, queue: str, limit: int = 50) -> list[Any]:

@@ -11,10 +11,11 @@ import struct
 import threading
 import time
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 import amqp
 import pytest
+from brokerutil import drain_for, drain_until  # noqa: E402
 from amqp import exceptions as ex
 from amqp.method_framing import frame_handler as default_frame_handler
 
@@ -48,28 +49,8 @@ def connect(broker):
             pass
 
 
-def drain_until(conn: amqp.Connection, pred: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError("condition not met within %.1f s" % timeout)
-        try:
-            conn.drain_events(timeout=min(left, 0.2))
-        except socket.timeout:
-            pass
 
 
-def drain_for(conn: amqp.Connection, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        try:
-            conn.drain_events(timeout=min(left, 0.1))
-        except socket.timeout:
-            pass
 
 
 def counts(conn: amqp.Connection, queue: str) -> tuple[int, int]:

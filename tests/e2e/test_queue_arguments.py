@@ -7,12 +7,12 @@ priorities and single active consumer. Every wait is bounded.
 from __future__ import annotations
 
 import datetime as dt
-import socket
 import time
-from typing import Any, Callable
+from typing import Any
 
 import amqp
 import pytest
+from brokerutil import drain_for, drain_until  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
 
@@ -29,25 +29,8 @@ def conn(broker):
         pass
 
 
-def drain_until(conn: amqp.Connection, pred: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError("condition not met within %.1f s" % timeout)
-        try:
-            conn.drain_events(timeout=min(left, 0.1))
-        except socket.timeout:
-            pass
 
 
-def drain_for(conn: amqp.Connection, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            conn.drain_events(timeout=min(left, 0.1))
-        except socket.timeout:
-            pass
 
 
 def declare(ch: amqp.Channel, name: str, **arguments: Any) -> None:
