@@ -662,7 +662,8 @@ class Queue:
         msgs = list(self.held.values())
         self.ready.drain()
         self.held.clear()
-        self.bytes = self.ready_bytes = 0
+        self.bytes = self.ready_bytes = self.delayed = 0
+        self.moved_waiting.clear()
         for t in (self._expiry_timer, self._idle_timer):
             if t is not None:
                 self.vhost.timers.cancel(t)

@@ -593,6 +593,9 @@ class VirtualHost:
         if ex is None:
             log.warning("dead-letter exchange '%s' of queue '%s' in vhost '%s' does not exist; "
                         "message dropped", target, q.name, self.name)
+            h = self.hooks.message_dropped
+            if h is not None:
+                h(vhost=self.name, queue=q.name, message=msg, reason=reason)
             return True
         if not self.ensure_body(q, msg):
             log.error("dead-lettering message %d of queue '%s' in vhost '%s': its body is "
