@@ -220,10 +220,11 @@ class Admin:
         return self.on_loop(run)
 
     def reload(self) -> dict[str, Any]:
-        ok = self.on_loop(self.running.reload)
-        if not ok:
+        cfg = self.running.prepare_reload()  # file I/O and parsing here, off the loop
+        if cfg is None:
             raise AdminError(400, "reload refused: the configuration did not validate (see the "
                              "broker's log); the running configuration stays")
+        self.on_loop(lambda: self.running.apply_reload(cfg))
         return {"reloaded": True}
 
     def metrics(self) -> str:

@@ -197,9 +197,6 @@ class Broker:
         u = self.config.users.get(user)
         return u is not None and vhost in u.vhosts
 
-    def check_name(self, name: str, sig: tuple[int, int]) -> None:
-        """Names are shortstrs (the codec bounds them at 255 bytes); nothing more to check."""
-
     def set_alarm(self, reason: str | None) -> None:
         """Raise (reason) or clear (None) a resource alarm: publishers are blocked meanwhile."""
         if reason == self.alarm:

@@ -371,8 +371,9 @@ def broker_message_acked(
     :param channel_id: the acking channel.
     :param message: the message; read-only.
 
-    Called once per message (a ``multiple`` ack calls it for each message it covers), and for
-    each message delivered with no-ack. Not firstresult.
+    Called once per message (a ``multiple`` ack calls it for each message it covers). A message
+    delivered with no-ack is settled on delivery and not reported here: its
+    ``broker_message_delivered`` call is the last. Not firstresult.
     """
 
 

@@ -76,20 +76,32 @@ class Running:
 
     def reload(self, path: Path | None = None) -> bool:
         """Re-read the configuration; a file that fails validation leaves the running one."""
+        cfg = self.prepare_reload(path)
+        if cfg is None:
+            return False
+        self.apply_reload(cfg)
+        return True
+
+    def prepare_reload(self, path: Path | None = None) -> BrokerConfig | None:
+        """Read and validate the configuration (any thread: it touches no broker state);
+        None, with a log line, when it fails."""
         src = path or self.config.source
         if src is None:
-            return False
+            return None
         try:
             cfg = load_config(src, registry=self.extras.get("config_registry"))
             if self.plugins is not None and hasattr(self.plugins, "verify_policies"):
                 self.plugins.verify_policies(cfg)
         except Exception as exc:
             log.error("reload refused, the running configuration stays: %s", exc)
-            return False
+            return None
+        return cfg
+
+    def apply_reload(self, cfg: BrokerConfig) -> None:
+        """Put a validated configuration in effect (on the loop)."""
         self.config = cfg
         self.broker.reload(cfg)
-        log.info("configuration reloaded from %s", src)
-        return True
+        log.info("configuration reloaded from %s", cfg.source)
 
 
 def load_plugins(config_path: Path | None) -> tuple[Any, ConfigElementRegistry]:

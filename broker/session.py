@@ -744,7 +744,6 @@ class Connection:
 
     def _exchange_declare(self, ch: Channel, a: tuple[Any, ...]) -> None:
         _, name, type_, passive, durable, auto_delete, internal, nowait, args = a
-        self.broker.check_name(name, (40, 10))
         ch.vhost.declare_exchange(name, type_, passive=passive, durable=durable,
                                   auto_delete=auto_delete, internal=internal, arguments=args)
         if not nowait:
@@ -779,7 +778,6 @@ class Connection:
 
     def _queue_declare(self, ch: Channel, a: tuple[Any, ...]) -> None:
         _, name, passive, durable, exclusive, auto_delete, nowait, args = a
-        self.broker.check_name(name, (50, 10))
         vh = ch.vhost
         q, created = vh.declare_queue(
             name, passive=passive, durable=durable, exclusive=exclusive,

@@ -6,7 +6,7 @@ import datetime as _dt
 import itertools
 import logging
 import secrets
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from broker.domain.exchange import (
     DELAYED_TYPE,
@@ -181,8 +181,8 @@ class VirtualHost:
         self.store: Store = store if store is not None else MemoryStore()
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
+        #: the broker's per-turn batching (None in domain tests, which dispatch by hand)
         self._mark_dirty = mark_dirty
-        self.dirty: list[Queue] = []
         #: called with a queue whose bindings or declaration changed (policy re-resolution)
         self.on_topology_change: Callable[[Queue], None] | None = None
         self.default_exchange = DirectExchange("", durable=True)
@@ -201,14 +201,6 @@ class VirtualHost:
             q.dirty = True
             if self._mark_dirty is not None:
                 self._mark_dirty(q)
-            else:
-                self.dirty.append(q)
-
-    def run_dirty(self) -> None:
-        """Dispatch every dirty queue (used when no broker batches turns, e.g. in tests)."""
-        while self.dirty:
-            q = self.dirty.pop(0)
-            q.dispatch()
 
     # ----------------------------------------------------------------- exchanges
 
@@ -704,11 +696,6 @@ class VirtualHost:
     def store_remove(self, q: Queue, msg: Message) -> None:
         msg.stored = False
         self.store.remove_message(q, msg)
-
-    # ----------------------------------------------------------------- for the broker
-
-    def queue_list(self) -> Iterable[Queue]:
-        return tuple(self.queues.values())
 
 
 __all__ = ["EXCLUSIVE", "FAILOVER", "NoHooks", "SHARED", "VirtualHost", "queue_options"]
