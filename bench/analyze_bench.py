@@ -37,8 +37,9 @@ CANDIDATE = """<broker>
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=float, default=1e7)
-    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(),
-                                                  "plugbroker-bench-journal"))
+    ap.add_argument(
+        "--dir", default=os.path.join(tempfile.gettempdir(), "plugbroker-bench-journal")
+    )
     ap.add_argument("--reuse", action="store_true", help="keep an existing journal in --dir")
     ap.add_argument("--backtest", action="store_true", help="also time a backtest")
     ap.add_argument("--master", default=None)
@@ -54,8 +55,11 @@ def main() -> None:
         t = time.monotonic()
         summary = generate(journal, events=int(args.events))
         gen_s = time.monotonic() - t
-        print(f"generated {summary['events']:,} events in {gen_s:.1f} s "
-              f"({summary['files']} files, {_size(journal) / 1e6:.0f} MB)", flush=True)
+        print(
+            f"generated {summary['events']:,} events in {gen_s:.1f} s "
+            f"({summary['files']} files, {_size(journal) / 1e6:.0f} MB)",
+            flush=True,
+        )
     from broker.analyze import report
     from broker.analyze.spark import get_spark
 
@@ -67,9 +71,11 @@ def main() -> None:
     result = report(journal, out, spark=spark)
     report_s = time.monotonic() - t
     n = result.overview["events"]
-    print(f"\nreport: {n:,} events in {report_s:.1f} s ({n / report_s:,.0f} events/s) on "
-          f"{spark.sparkContext.master} with {os.cpu_count()} cores; Spark start "
-          f"{start_s:.1f} s not included; output {out}")
+    print(
+        f"\nreport: {n:,} events in {report_s:.1f} s ({n / report_s:,.0f} events/s) on "
+        f"{spark.sparkContext.master} with {os.cpu_count()} cores; Spark start "
+        f"{start_s:.1f} s not included; output {out}"
+    )
     if gen_s is not None:
         print(f"generation: {gen_s:.1f} s")
     if args.backtest:
@@ -79,8 +85,10 @@ def main() -> None:
         cand.write_text(CANDIDATE)
         t = time.monotonic()
         bt = backtest(journal, cand, spark=spark)
-        print(f"backtest: {bt.events:,} queue events in {time.monotonic() - t:.1f} s, "
-              f"{len(bt.actions)} would-be actions")
+        print(
+            f"backtest: {bt.events:,} queue events in {time.monotonic() - t:.1f} s, "
+            f"{len(bt.actions)} would-be actions"
+        )
     spark.stop()
 
 

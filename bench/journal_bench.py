@@ -51,9 +51,12 @@ def start_broker(workdir: Path, journal: bool) -> tuple[subprocess.Popen[bytes],
     jel = f'<journal path="{workdir / "journal"}"/>' if journal else ""
     cfg = workdir / "bench.xml"
     cfg.write_text(CONFIG.format(port=port, journal=jel))
-    proc = subprocess.Popen([sys.executable, "-m", "broker", "--log-level", "WARNING", "run",
-                             "--config", str(cfg)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "--log-level", "WARNING", "run", "--config", str(cfg)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -62,7 +65,9 @@ def start_broker(workdir: Path, journal: bool) -> tuple[subprocess.Popen[bytes],
         except OSError:
             time.sleep(0.05)
     proc.kill()
-    raise RuntimeError(f"broker did not start: {proc.stdout.read().decode() if proc.stdout else ''}")
+    raise RuntimeError(
+        f"broker did not start: {proc.stdout.read().decode() if proc.stdout else ''}"
+    )
 
 
 def stop_broker(proc: subprocess.Popen[bytes]) -> None:
@@ -118,10 +123,13 @@ def one_round(journal: bool, args: argparse.Namespace) -> float:
         ctx = mp.get_context("spawn")
         c_ready, p_ready, go = ctx.Event(), ctx.Event(), ctx.Event()
         started, done = ctx.Value("d", 0.0), ctx.Value("d", 0.0)
-        c = ctx.Process(target=consumer, args=(port, args.messages, args.prefetch,
-                                               args.ack_every, c_ready, done))
-        p = ctx.Process(target=publisher, args=(port, args.messages, args.size, p_ready, go,
-                                                started))
+        c = ctx.Process(
+            target=consumer,
+            args=(port, args.messages, args.prefetch, args.ack_every, c_ready, done),
+        )
+        p = ctx.Process(
+            target=publisher, args=(port, args.messages, args.size, p_ready, go, started)
+        )
         c.start()
         p.start()
         c_ready.wait(30)
@@ -159,16 +167,22 @@ def main() -> None:
         for journal, bucket in ((False, off), (True, on)):
             rate = one_round(journal, args)
             bucket.append(rate)
-            print(f"round {i + 1}: journal {'on ' if journal else 'off'} {rate:,.0f} msg/s",
-                  flush=True)
+            print(
+                f"round {i + 1}: journal {'on ' if journal else 'off'} {rate:,.0f} msg/s",
+                flush=True,
+            )
     m_off, m_on = statistics.median(off), statistics.median(on)
     paired = statistics.median(b / a for a, b in zip(off, on))
-    print(f"\n{args.messages:,} messages of {args.size} B, prefetch {args.prefetch}, "
-          f"ack every {args.ack_every}, {os.cpu_count()} cores")
+    print(
+        f"\n{args.messages:,} messages of {args.size} B, prefetch {args.prefetch}, "
+        f"ack every {args.ack_every}, {os.cpu_count()} cores"
+    )
     print(f"journal off: {m_off:,.0f} msg/s (median of {len(off)})")
     print(f"journal on:  {m_on:,.0f} msg/s (median of {len(on)})")
-    print(f"on/off: {m_on / m_off:.1%} of the medians, {paired:.1%} median of the paired "
-          "rounds (target >= 85%)")
+    print(
+        f"on/off: {m_on / m_off:.1%} of the medians, {paired:.1%} median of the paired "
+        "rounds (target >= 85%)"
+    )
 
 
 if __name__ == "__main__":

@@ -18,13 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.app import Broker  # noqa: E402
-from broker.clock import ManualClock  # noqa: E402
-from broker.codec import properties as P  # noqa: E402
-from broker.config import ConfigElementRegistry, parse_config  # noqa: E402
-from broker.domain.message import Message  # noqa: E402
-from broker.domain.vhost import next_message_id  # noqa: E402
-from plugins.slow_consumer import delete_policy, evaluate, log_policy  # noqa: E402
+from broker.app import Broker
+from broker.clock import ManualClock
+from broker.codec import properties as P
+from broker.config import ConfigElementRegistry, parse_config
+from broker.domain.message import Message
+from broker.domain.vhost import next_message_id
+from plugins.slow_consumer import delete_policy, evaluate, log_policy
 
 CONFIG = """<broker><virtualhost name="/">
   <topic key="bench.#"><consumer>
@@ -66,11 +66,22 @@ def main() -> None:
         q, _ = vh.declare_queue(f"sub-{i}")
         vh.bind(topic, q, f"bench.{i}", {})
         if i % 10 == 0:
-            q.add_consumer(f"c{i}", _Channel(), no_ack=False, exclusive=False, prefetch=0,
-                           arguments={})
+            q.add_consumer(
+                f"c{i}", _Channel(), no_ack=False, exclusive=False, prefetch=0, arguments={}
+            )
         for _ in range(per_queue):
-            q.enqueue(Message.from_publish(next_message_id(), "amq.topic", f"bench.{i}", raw,
-                                           body, len(body), clock.monotonic(), clock.time()))
+            q.enqueue(
+                Message.from_publish(
+                    next_message_id(),
+                    "amq.topic",
+                    f"bench.{i}",
+                    raw,
+                    body,
+                    len(body),
+                    clock.monotonic(),
+                    clock.time(),
+                )
+            )
     broker._dirty.clear()
     fill = time.perf_counter() - t0
     total = sum(len(q.held) for q in vh.queues.values())
@@ -97,16 +108,17 @@ def main() -> None:
 
     def report(label: str, snap_t: list[float], eval_t: list[float], n: int) -> None:
         both = [a + b for a, b in zip(snap_t, eval_t)]
-        print(f"{label}: snapshot {statistics.median(snap_t):6.2f} ms + evaluate "
-              f"{statistics.median(eval_t):6.2f} ms = full check median "
-              f"{statistics.median(both):6.2f} ms (min {min(both):6.2f} ms), {n} actions")
+        print(
+            f"{label}: snapshot {statistics.median(snap_t):6.2f} ms + evaluate "
+            f"{statistics.median(eval_t):6.2f} ms = full check median "
+            f"{statistics.median(both):6.2f} ms (min {min(both):6.2f} ms), {n} actions"
+        )
 
     report("healthy (no threshold crossed)", *check_rounds(1000))
     # nothing acks: from the second round every queue is under its consumption-rate floor, so
     # the Delete policy runs for every queue - the worst case
     report("worst case (every queue trips) ", *check_rounds(0))
     print(f"({args.queues} queues, {total} messages)")
-
 
 
 if __name__ == "__main__":

@@ -37,40 +37,69 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="soak-kill9-"))
     t0 = time.monotonic()
-    totals = dict(runs=0, failed=0, sent=0, confirmed=0, acked=0, drained=0, lost=0,
-                  phantom=0, drained_twice=0, duplicates=0, acked_reappeared=0,
-                  unconfirmed_kept=0)
+    totals = dict(
+        runs=0,
+        failed=0,
+        sent=0,
+        confirmed=0,
+        acked=0,
+        drained=0,
+        lost=0,
+        phantom=0,
+        drained_twice=0,
+        duplicates=0,
+        acked_reappeared=0,
+        unconfirmed_kept=0,
+    )
     restarts = []
     try:
         for i in range(args.runs):
             seed = args.seed + i
             d = work / f"run{i}"
-            r = run_cycle(seed, d, kill_between=(args.kill_min, args.kill_max),
-                          env={"PLUGBROKER_STORE_SYNC": args.sync})
+            r = run_cycle(
+                seed,
+                d,
+                kill_between=(args.kill_min, args.kill_max),
+                env={"PLUGBROKER_STORE_SYNC": args.sync},
+            )
             totals["runs"] += 1
             totals["failed"] += not r.ok
-            for k in ("sent", "confirmed", "acked", "drained", "duplicates",
-                      "acked_reappeared", "unconfirmed_kept"):
+            for k in (
+                "sent",
+                "confirmed",
+                "acked",
+                "drained",
+                "duplicates",
+                "acked_reappeared",
+                "unconfirmed_kept",
+            ):
                 totals[k] += getattr(r, k)
             totals["lost"] += len(r.lost)
             totals["phantom"] += len(r.phantom)
             totals["drained_twice"] += len(r.drained_twice)
             restarts.append(r.restart_s)
             status = "ok" if r.ok else "FAIL"
-            print(f"run {i:3d} seed {seed:3d} {status}: killed after {r.killed_after:.2f} s, "
-                  f"sent {r.sent}, confirmed {r.confirmed}, acked {r.acked}, drained "
-                  f"{r.drained}, lost {len(r.lost)}, duplicates {r.duplicates}"
-                  + (f", notes {r.notes}" if r.notes else "")
-                  + (f", lost ids {r.lost[:10]}" if r.lost else ""), flush=True)
+            print(
+                f"run {i:3d} seed {seed:3d} {status}: killed after {r.killed_after:.2f} s, "
+                f"sent {r.sent}, confirmed {r.confirmed}, acked {r.acked}, drained "
+                f"{r.drained}, lost {len(r.lost)}, duplicates {r.duplicates}"
+                + (f", notes {r.notes}" if r.notes else "")
+                + (f", lost ids {r.lost[:10]}" if r.lost else ""),
+                flush=True,
+            )
             if r.ok and not args.keep:
                 shutil.rmtree(d, ignore_errors=True)
     finally:
         elapsed = time.monotonic() - t0
-        print(f"\n{totals['runs']} runs in {elapsed:.0f} s (sync {args.sync}): "
-              + ", ".join(f"{k} {v}" for k, v in totals.items() if k != "runs"))
+        print(
+            f"\n{totals['runs']} runs in {elapsed:.0f} s (sync {args.sync}): "
+            + ", ".join(f"{k} {v}" for k, v in totals.items() if k != "runs")
+        )
         if restarts:
-            print(f"restart time: median {sorted(restarts)[len(restarts) // 2]:.2f} s, "
-                  f"max {max(restarts):.2f} s")
+            print(
+                f"restart time: median {sorted(restarts)[len(restarts) // 2]:.2f} s, "
+                f"max {max(restarts):.2f} s"
+            )
         if not args.keep and totals["failed"] == 0:
             shutil.rmtree(work, ignore_errors=True)
         else:

@@ -46,8 +46,9 @@ def _connect(port: int) -> Any:
     return conn
 
 
-def publisher(port: int, n: int, size: int, window: int, persistent: bool,
-              start: Any, result: Any) -> None:
+def publisher(
+    port: int, n: int, size: int, window: int, persistent: bool, start: Any, result: Any
+) -> None:
     import amqp
 
     conn = _connect(port)
@@ -75,8 +76,9 @@ def publisher(port: int, n: int, size: int, window: int, persistent: bool,
             ch.basic_publish(msg, "", QUEUE)
             sent += 1
         conn.drain_events(timeout=30)
-    result.put((time.perf_counter() - t0, state["acked"], state["nacked"],
-                time.process_time() - c0))
+    result.put(
+        (time.perf_counter() - t0, state["acked"], state["nacked"], time.process_time() - c0)
+    )
     conn.close()
 
 
@@ -136,12 +138,20 @@ def run_publish(port: int, args: argparse.Namespace, pid: int) -> dict[str, Any]
     start = ctx.Event()
     results: Any = ctx.Queue()
     per = args.count // args.publishers
-    procs = [ctx.Process(target=publisher, args=(port, per, args.size, args.window,
-                                                 not args.transient, start, results))
-             for _ in range(args.publishers)]
-    cons = [ctx.Process(target=consumer, args=(port, per * args.publishers // args.consumers,
-                                               args.prefetch, results))
-            for _ in range(args.consumers)]
+    procs = [
+        ctx.Process(
+            target=publisher,
+            args=(port, per, args.size, args.window, not args.transient, start, results),
+        )
+        for _ in range(args.publishers)
+    ]
+    cons = [
+        ctx.Process(
+            target=consumer,
+            args=(port, per * args.publishers // args.consumers, args.prefetch, results),
+        )
+        for _ in range(args.consumers)
+    ]
     for p in procs + cons:
         p.start()
     time.sleep(0.5)
@@ -162,14 +172,18 @@ def run_publish(port: int, args: argparse.Namespace, pid: int) -> dict[str, Any]
     acked = sum(o[1] for o in pubs)
     nacked = sum(o[2] for o in pubs)
     client_cpu = sum(o[3] for o in pubs)
-    return {"published_confirmed": acked, "nacked": nacked, "seconds": round(wall, 2),
-            "msg_per_s": round(acked / wall),
-            "broker_cpu_pct": round(100 * cpu / wall),
-            "broker_cpu_us_per_msg": round(1e6 * cpu / max(acked, 1), 1),
-            "publishers_cpu_pct": round(100 * client_cpu / wall),
-            "publisher_cpu_us_per_msg": round(1e6 * client_cpu / max(acked, 1), 1),
-            # all CPUs together, everything on the machine (other users' load included)
-            "machine_busy_pct": round(100 * ncpu * (busy1 - busy0) / max(total1 - total0, 1))}
+    return {
+        "published_confirmed": acked,
+        "nacked": nacked,
+        "seconds": round(wall, 2),
+        "msg_per_s": round(acked / wall),
+        "broker_cpu_pct": round(100 * cpu / wall),
+        "broker_cpu_us_per_msg": round(1e6 * cpu / max(acked, 1), 1),
+        "publishers_cpu_pct": round(100 * client_cpu / wall),
+        "publisher_cpu_us_per_msg": round(1e6 * client_cpu / max(acked, 1), 1),
+        # all CPUs together, everything on the machine (other users' load included)
+        "machine_busy_pct": round(100 * ncpu * (busy1 - busy0) / max(total1 - total0, 1)),
+    }
 
 
 def main() -> int:
@@ -180,15 +194,19 @@ def main() -> int:
     ap.add_argument("--publishers", type=int, default=2)
     ap.add_argument("--consumers", type=int, default=0)
     ap.add_argument("--prefetch", type=int, default=500)
-    ap.add_argument("--window", type=int, default=1000,
-                    help="unconfirmed messages in flight per publisher")
+    ap.add_argument(
+        "--window", type=int, default=1000, help="unconfirmed messages in flight per publisher"
+    )
     ap.add_argument("--sync", default="NORMAL", help="SQLite synchronous: NORMAL or FULL")
     ap.add_argument("--no-store", action="store_true")
     ap.add_argument("--transient", action="store_true", help="delivery_mode 1")
     ap.add_argument("--restart", action="store_true", help="fill: restart and measure recovery")
     ap.add_argument("--drain", action="store_true", help="fill: consume everything at the end")
-    ap.add_argument("--no-paging", action="store_true",
-                    help="keep every body in memory (PLUGBROKER_STORE_RESIDENT_BYTES huge)")
+    ap.add_argument(
+        "--no-paging",
+        action="store_true",
+        help="keep every body in memory (PLUGBROKER_STORE_RESIDENT_BYTES huge)",
+    )
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed)")
     args = ap.parse_args()
 
@@ -202,11 +220,17 @@ def main() -> int:
     env = {"PLUGBROKER_STORE_SYNC": args.sync}
     if args.no_paging:
         env["PLUGBROKER_STORE_RESIDENT_BYTES"] = str(1 << 62)
-    report: dict[str, Any] = {"mode": args.mode, "count": args.count, "size": args.size,
-                              "publishers": args.publishers, "consumers": args.consumers,
-                              "window": args.window, "sync": args.sync,
-                              "paging": not args.no_paging,
-                              "store": not args.no_store}
+    report: dict[str, Any] = {
+        "mode": args.mode,
+        "count": args.count,
+        "size": args.size,
+        "publishers": args.publishers,
+        "consumers": args.consumers,
+        "window": args.window,
+        "sync": args.sync,
+        "paging": not args.no_paging,
+        "store": not args.no_store,
+    }
     b = BrokerProcess(cfg, log=work / "broker.log", env=env, log_level="INFO").start()
     try:
         declare(b.port)
@@ -223,8 +247,9 @@ def main() -> int:
                 t0 = time.perf_counter()
                 b.stop()
                 report["stop_s"] = round(time.perf_counter() - t0, 2)
-                b = BrokerProcess(cfg, log=work / "broker.log", env=env,
-                                  log_level="INFO").start(timeout=600)
+                b = BrokerProcess(cfg, log=work / "broker.log", env=env, log_level="INFO").start(
+                    timeout=600
+                )
                 report["restart_s"] = round(b.started_in, 2)
                 report["depth_after_restart"] = queue_depth(b.port)
                 st = b.status()
@@ -246,8 +271,11 @@ def main() -> int:
         for line in (work / "broker.log").read_text(errors="replace").splitlines():
             if "batches," in line and "operations written" in line:
                 # "store ... closed (N batches, M operations written)"
-                nums = [int(w.strip("(,;")) for w in line.split("closed", 1)[1].split()
-                        if w.strip("(,;").isdigit()]
+                nums = [
+                    int(w.strip("(,;"))
+                    for w in line.split("closed", 1)[1].split()
+                    if w.strip("(,;").isdigit()
+                ]
                 if len(nums) >= 4 and nums[0]:
                     report["store_batches"] = nums[0]
                     report["ops_per_batch"] = round(nums[1] / nums[0], 1)

@@ -29,7 +29,6 @@ import multiprocessing as mp
 import os
 import shutil
 import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -89,15 +88,29 @@ class OwnBroker:
     def __init__(self, plugins: list[str] | None = None) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="plugbroker-bench-"))
         self.config = self.tmp / "bench.xml"
-        plugin_xml = ("<plugins>" + "".join(f"<plugin>{p}</plugin>" for p in plugins)
-                      + "</plugins>") if plugins else ""
+        plugin_xml = (
+            ("<plugins>" + "".join(f"<plugin>{p}</plugin>" for p in plugins) + "</plugins>")
+            if plugins
+            else ""
+        )
         self.config.write_text(CONFIG.format(store=self.tmp / "store", plugins=plugin_xml))
         self.port = free_port()
         self.log = open(self.tmp / "broker.log", "w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "run", "--config", str(self.config),
-             "--port", str(self.port)],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "broker",
+                "run",
+                "--config",
+                str(self.config),
+                "--port",
+                str(self.port),
+            ],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -139,10 +152,13 @@ class OwnBroker:
 def connect(url: str) -> amqp.Connection:
     u = urlparse(url)
     vhost = unquote(u.path[1:]) if u.path and u.path != "/" else "/"
-    conn = amqp.Connection(host=f"{u.hostname or '127.0.0.1'}:{u.port or 5672}",
-                           userid=unquote(u.username or "guest"),
-                           password=unquote(u.password or "guest"), virtual_host=vhost or "/",
-                           heartbeat=0)
+    conn = amqp.Connection(
+        host=f"{u.hostname or '127.0.0.1'}:{u.port or 5672}",
+        userid=unquote(u.username or "guest"),
+        password=unquote(u.password or "guest"),
+        virtual_host=vhost or "/",
+        heartbeat=0,
+    )
     conn.connect()
     return conn
 
@@ -210,8 +226,14 @@ def run_publish(url: str, pid: int | None, size: int, count: int) -> Result:
     t1, c1 = time.perf_counter(), cpu_seconds(pid)
     ch.queue_delete(q)
     conn.close()
-    return Result("publish", size, sent, t1 - t0, delta(c0, c1),
-                  note="" if done and sent == count else "cut short")
+    return Result(
+        "publish",
+        size,
+        sent,
+        t1 - t0,
+        delta(c0, c1),
+        note="" if done and sent == count else "cut short",
+    )
 
 
 def run_publish_confirm(url: str, pid: int | None, size: int, count: int) -> Result:
@@ -235,13 +257,20 @@ def run_publish_confirm(url: str, pid: int | None, size: int, count: int) -> Res
     t1, c1 = time.perf_counter(), cpu_seconds(pid)
     ch.queue_delete(q)
     conn.close()
-    return Result("publish-confirm", size, len(lat), t1 - t0,
-                  delta(c0, c1), lat,
-                  note="" if len(lat) == count else "cut short")
+    return Result(
+        "publish-confirm",
+        size,
+        len(lat),
+        t1 - t0,
+        delta(c0, c1),
+        lat,
+        note="" if len(lat) == count else "cut short",
+    )
 
 
-def _consume(ch: Any, conn: amqp.Connection, q: str, n: int, deadline: float,
-             lat: list[float] | None) -> int:
+def _consume(
+    ch: Any, conn: amqp.Connection, q: str, n: int, deadline: float, lat: list[float] | None
+) -> int:
     got = 0
 
     def on_message(msg: amqp.Message) -> None:
@@ -256,7 +285,7 @@ def _consume(ch: Any, conn: amqp.Connection, q: str, n: int, deadline: float,
     while got < n and time.monotonic() < deadline:
         try:
             conn.drain_events(timeout=1)
-        except socket.timeout:
+        except TimeoutError:
             pass
     ch.basic_cancel(tag)
     return got
@@ -276,8 +305,9 @@ def run_consume(url: str, pid: int | None, size: int, count: int) -> Result:
     t1, c1 = time.perf_counter(), cpu_seconds(pid)
     ch.queue_delete(q)
     conn.close()
-    return Result("consume", size, got, t1 - t0, delta(c0, c1),
-                  note="" if got == count else "cut short")
+    return Result(
+        "consume", size, got, t1 - t0, delta(c0, c1), note="" if got == count else "cut short"
+    )
 
 
 def _pubsub_consumer(url: str, q: str, n: int, ready: Any, out: Any) -> None:
@@ -298,8 +328,7 @@ def _pubsub_producer(url: str, q: str, size: int, n: int, go: Any) -> None:
     go.wait()
     deadline = time.monotonic() + PHASE_LIMIT
     for i in range(n):
-        publish(amqp.Message(struct.pack(">d", time.monotonic()) + pad), exchange="",
-                routing_key=q)
+        publish(amqp.Message(struct.pack(">d", time.monotonic()) + pad), exchange="", routing_key=q)
         if not i % 1000 and time.monotonic() > deadline:
             break
     conn.close()
@@ -326,12 +355,17 @@ def run_pubsub(url: str, pid: int | None, size: int, count: int) -> Result:
     consumer.join(30)
     ch.queue_delete(q)
     conn.close()
-    return Result("pubsub", size, got, t1 - t0, delta(c0, c1), lat,
-                  note="" if got == count else "cut short")
+    return Result(
+        "pubsub", size, got, t1 - t0, delta(c0, c1), lat, note="" if got == count else "cut short"
+    )
 
 
-RUNNERS = {"publish": run_publish, "publish-confirm": run_publish_confirm,
-           "consume": run_consume, "pubsub": run_pubsub}
+RUNNERS = {
+    "publish": run_publish,
+    "publish-confirm": run_publish_confirm,
+    "consume": run_consume,
+    "pubsub": run_pubsub,
+}
 
 
 # ------------------------------------------------------------------ main
@@ -342,8 +376,10 @@ def print_table(title: str, results: list[Result]) -> None:
     print("| mode | body | messages | msg/s | broker CPU µs/msg | p50 ms | p99 ms | note |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
-        print(f"| {r.mode} | {r.size} B | {r.count} | {r.rate:,.0f} | {r.cpu_us()} | "
-              f"{r.pct(0.50)} | {r.pct(0.99)} | {r.note} |")
+        print(
+            f"| {r.mode} | {r.size} B | {r.count} | {r.rate:,.0f} | {r.cpu_us()} | "
+            f"{r.pct(0.50)} | {r.pct(0.99)} | {r.note} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,9 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=20000, help="messages per phase")
     ap.add_argument("--mode", choices=MODES + ("all",), default="all")
     ap.add_argument("--title", help="table title")
-    ap.add_argument("--plugin", action="append", default=[],
-                    help="a plugin module to load into the broker (repeatable), e.g. "
-                    "bench.trivial_plugin to measure what one listening plugin costs")
+    ap.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        help="a plugin module to load into the broker (repeatable), e.g. "
+        "bench.trivial_plugin to measure what one listening plugin costs",
+    )
     args = ap.parse_args(argv)
 
     own = None
@@ -378,15 +418,21 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 r = RUNNERS[mode](url, pid, size, args.count)
                 results.append(r)
-                print(f"  {mode:16s} {size:5d} B  {r.rate:10,.0f} msg/s  "
-                      f"cpu {r.cpu_us():>7s} µs/msg  p50 {r.pct(0.5)} p99 {r.pct(0.99)} ms"
-                      f"  {r.note}", file=sys.stderr, flush=True)
+                print(
+                    f"  {mode:16s} {size:5d} B  {r.rate:10,.0f} msg/s  "
+                    f"cpu {r.cpu_us():>7s} µs/msg  p50 {r.pct(0.5)} p99 {r.pct(0.99)} ms"
+                    f"  {r.note}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         if own is not None:
             own.stop()
-    title = args.title or (f"{'plugbroker (own subprocess)' if own else url}, "
-                           f"{os.cpu_count()} CPUs, py-amqp {amqp.__version__}, "
-                           f"{args.count} messages per phase")
+    title = args.title or (
+        f"{'plugbroker (own subprocess)' if own else url}, "
+        f"{os.cpu_count()} CPUs, py-amqp {amqp.__version__}, "
+        f"{args.count} messages per phase"
+    )
     print_table(title, results)
     return 0
 

@@ -27,8 +27,9 @@ import base64
 import json
 import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import broker as _pkg
@@ -57,13 +58,22 @@ def queue_info(q: Queue, now: float) -> dict[str, Any]:
     oldest = q.oldest_arrival
     pol = q.policy
     return {
-        "vhost": q.vhost.name, "name": q.name, "durable": q.durable,
-        "auto_delete": q.auto_delete, "exclusive": q.exclusive_owner is not None,
-        "subscription_type": q.subscription_type, "messages": len(q.held),
-        "ready": len(q.ready), "unacked": q.unacked_count, "delayed": q.delayed,
-        "bytes": q.bytes, "oldest_age_s": round(now - oldest, 3) if oldest is not None else 0.0,
-        "consumers": len(q.consumers), "acks_total": q.acks_total,
-        "delivery_limit": q.delivery_limit, "retry_target": q.retry_target,
+        "vhost": q.vhost.name,
+        "name": q.name,
+        "durable": q.durable,
+        "auto_delete": q.auto_delete,
+        "exclusive": q.exclusive_owner is not None,
+        "subscription_type": q.subscription_type,
+        "messages": len(q.held),
+        "ready": len(q.ready),
+        "unacked": q.unacked_count,
+        "delayed": q.delayed,
+        "bytes": q.bytes,
+        "oldest_age_s": round(now - oldest, 3) if oldest is not None else 0.0,
+        "consumers": len(q.consumers),
+        "acks_total": q.acks_total,
+        "delivery_limit": q.delivery_limit,
+        "retry_target": q.retry_target,
         "arguments": _jsonable(q.arguments),
         "bindings": [{"exchange": e, "type": t, "key": k} for e, t, k in q.bindings()],
         "policy": {name: getattr(pol, "source", {}).get(name, "") for name in pol} if pol else {},
@@ -73,9 +83,15 @@ def queue_info(q: Queue, now: float) -> dict[str, Any]:
 def consumer_info(q: Queue, c: Any, now: float) -> dict[str, Any]:
     since = c.last_ack if c.last_ack is not None else c.first_delivery
     return {
-        "vhost": q.vhost.name, "queue": q.name, "tag": c.tag,
-        "connection": c.channel.connection_id, "channel": c.channel.id, "unacked": c.unacked,
-        "prefetch": c.prefetch, "no_ack": c.no_ack, "isolated": c.isolated,
+        "vhost": q.vhost.name,
+        "queue": q.name,
+        "tag": c.tag,
+        "connection": c.channel.connection_id,
+        "channel": c.channel.id,
+        "unacked": c.unacked,
+        "prefetch": c.prefetch,
+        "no_ack": c.no_ack,
+        "isolated": c.isolated,
         "delivered": c.delivered_total,
         "last_ack_age_s": round(now - since, 3) if since is not None else None,
     }
@@ -118,38 +134,58 @@ class Admin:
             b = self.broker
             queues = [q for vh in b.vhosts.values() for q in vh.queues.values()]
             return {
-                "product": "plugbroker", "version": _pkg.__version__,
-                "connections": len(b.connections), "vhosts": sorted(b.vhosts),
-                "queues": len(queues), "messages": sum(len(q.held) for q in queues),
+                "product": "plugbroker",
+                "version": _pkg.__version__,
+                "connections": len(b.connections),
+                "vhosts": sorted(b.vhosts),
+                "queues": len(queues),
+                "messages": sum(len(q.held) for q in queues),
                 "consumers": sum(len(q.consumers) for q in queues),
                 "isolated": sum(c.isolated for q in queues for c in q.consumers),
                 "delayed_pending": sum(vh.delayed_pending for vh in b.vhosts.values()),
                 "alarm": b.alarm,
                 "plugins": list(getattr(b.hooks, "names", lambda: ())()),
             }
+
         return self.on_loop(read)
 
     def queues(self) -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
             now = self.broker.clock.monotonic()
-            return [queue_info(q, now) for vh in self.broker.vhosts.values()
-                    for q in vh.queues.values()]
+            return [
+                queue_info(q, now) for vh in self.broker.vhosts.values() for q in vh.queues.values()
+            ]
+
         return self.on_loop(read)
 
     def consumers(self, isolated_only: bool = False) -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
             now = self.broker.clock.monotonic()
-            return [consumer_info(q, c, now) for vh in self.broker.vhosts.values()
-                    for q in vh.queues.values() for c in q.consumers
-                    if c.isolated or not isolated_only]
+            return [
+                consumer_info(q, c, now)
+                for vh in self.broker.vhosts.values()
+                for q in vh.queues.values()
+                for c in q.consumers
+                if c.isolated or not isolated_only
+            ]
+
         return self.on_loop(read)
 
     def connections(self) -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
-            return [{"id": c.id, "peer": c.peer, "user": c.user,
-                     "vhost": c.vhost.name if c.vhost is not None else None,
-                     "channels": len(c.channels), "heartbeat": c.heartbeat,
-                     "blocked": c.blocked} for c in self.broker.connections.values()]
+            return [
+                {
+                    "id": c.id,
+                    "peer": c.peer,
+                    "user": c.user,
+                    "vhost": c.vhost.name if c.vhost is not None else None,
+                    "channels": len(c.channels),
+                    "heartbeat": c.heartbeat,
+                    "blocked": c.blocked,
+                }
+                for c in self.broker.connections.values()
+            ]
+
         return self.on_loop(read)
 
     def dead_letters(self) -> list[dict[str, Any]]:
@@ -158,10 +194,16 @@ class Admin:
             for vh in self.broker.vhosts.values():
                 for name, reasons in sorted(vh.dead_letter_queues.items()):
                     q = vh.queues.get(name)
-                    out.append({"vhost": vh.name, "queue": name,
-                                "messages": len(q.held) if q is not None else 0,
-                                "received_by_reason": dict(reasons)})
+                    out.append(
+                        {
+                            "vhost": vh.name,
+                            "queue": name,
+                            "messages": len(q.held) if q is not None else 0,
+                            "received_by_reason": dict(reasons),
+                        }
+                    )
             return out
+
         return self.on_loop(read)
 
     def messages(self, vhost: str, name: str, limit: int = 20) -> list[dict[str, Any]]:
@@ -175,17 +217,26 @@ class Admin:
                     props = props_codec.decode_lenient(m.properties)
                 except Exception:
                     props = {}
-                out.append({"id": m.id, "exchange": m.exchange, "routing_key": m.routing_key,
-                            "size": m.body_size, "delivery_count": m.delivery_count,
-                            "redelivered": m.redelivered,
-                            "properties": _jsonable(props)})
+                out.append(
+                    {
+                        "id": m.id,
+                        "exchange": m.exchange,
+                        "routing_key": m.routing_key,
+                        "size": m.body_size,
+                        "delivery_count": m.delivery_count,
+                        "redelivered": m.redelivered,
+                        "properties": _jsonable(props),
+                    }
+                )
             return out
+
         return self.on_loop(read)
 
     def redrive(self, vhost: str, name: str, limit: int | None = None) -> dict[str, Any]:
         """Move the ready messages of a dead-letter queue back to the queue each came from
         (``REAL_TOPIC``, else the last ``x-death`` queue). Messages whose origin is unknown or
         gone stay where they are."""
+
         def run() -> dict[str, Any]:
             q = self._queue(vhost, name)
             vh = q.vhost
@@ -214,16 +265,25 @@ class Admin:
                 q.ready_bytes -= m.body_size
                 q.settle(m)
                 moved[target.name] = moved.get(target.name, 0) + 1
-            log.info("redrive of '%s' in vhost '%s': %s moved back, %d kept", name, vhost,
-                     moved or "nothing", kept)
+            log.info(
+                "redrive of '%s' in vhost '%s': %s moved back, %d kept",
+                name,
+                vhost,
+                moved or "nothing",
+                kept,
+            )
             return {"moved": moved, "kept": kept}
+
         return self.on_loop(run)
 
     def reload(self) -> dict[str, Any]:
         cfg = self.running.prepare_reload()  # file I/O and parsing here, off the loop
         if cfg is None:
-            raise AdminError(400, "reload refused: the configuration did not validate (see the "
-                             "broker's log); the running configuration stays")
+            raise AdminError(
+                400,
+                "reload refused: the configuration did not validate (see the "
+                "broker's log); the running configuration stays",
+            )
         self.on_loop(lambda: self.running.apply_reload(cfg))
         return {"reloaded": True}
 
@@ -265,36 +325,85 @@ def prometheus_text(b: Broker) -> str:
     def ql(q: Queue) -> str:
         return f'vhost="{_label(q.vhost.name)}",queue="{_label(q.name)}"'
 
-    family("plugbroker_connections", "gauge", "Open client connections.",
-           [("", len(b.connections))])
-    family("plugbroker_queue_messages", "gauge", "Messages held: ready, unacked and delayed.",
-           [(ql(q), len(q.held)) for q in queues])
-    family("plugbroker_queue_messages_ready", "gauge", "Messages ready for delivery.",
-           [(ql(q), len(q.ready)) for q in queues])
-    family("plugbroker_queue_messages_unacked", "gauge", "Messages delivered, not yet acked.",
-           [(ql(q), q.unacked_count) for q in queues])
-    family("plugbroker_queue_bytes", "gauge", "Body bytes held.",
-           [(ql(q), q.bytes) for q in queues])
-    family("plugbroker_queue_oldest_message_age_seconds", "gauge",
-           "Age of the oldest message held (0 when empty).",
-           [(ql(q), (now - q.oldest_arrival) if q.oldest_arrival is not None else 0.0)
-            for q in queues])
-    family("plugbroker_queue_consumers", "gauge", "Consumers of the queue.",
-           [(ql(q), len(q.consumers)) for q in queues])
-    family("plugbroker_queue_acks_total", "counter", "Messages settled since the queue was "
-           "declared.", [(ql(q), q.acks_total) for q in queues])
+    family(
+        "plugbroker_connections", "gauge", "Open client connections.", [("", len(b.connections))]
+    )
+    family(
+        "plugbroker_queue_messages",
+        "gauge",
+        "Messages held: ready, unacked and delayed.",
+        [(ql(q), len(q.held)) for q in queues],
+    )
+    family(
+        "plugbroker_queue_messages_ready",
+        "gauge",
+        "Messages ready for delivery.",
+        [(ql(q), len(q.ready)) for q in queues],
+    )
+    family(
+        "plugbroker_queue_messages_unacked",
+        "gauge",
+        "Messages delivered, not yet acked.",
+        [(ql(q), q.unacked_count) for q in queues],
+    )
+    family(
+        "plugbroker_queue_bytes", "gauge", "Body bytes held.", [(ql(q), q.bytes) for q in queues]
+    )
+    family(
+        "plugbroker_queue_oldest_message_age_seconds",
+        "gauge",
+        "Age of the oldest message held (0 when empty).",
+        [
+            (ql(q), (now - q.oldest_arrival) if q.oldest_arrival is not None else 0.0)
+            for q in queues
+        ],
+    )
+    family(
+        "plugbroker_queue_consumers",
+        "gauge",
+        "Consumers of the queue.",
+        [(ql(q), len(q.consumers)) for q in queues],
+    )
+    family(
+        "plugbroker_queue_acks_total",
+        "counter",
+        "Messages settled since the queue was declared.",
+        [(ql(q), q.acks_total) for q in queues],
+    )
     consumers = [(q, c) for q in queues for c in q.consumers]
-    family("plugbroker_consumer_unacked", "gauge", "Unacked messages a consumer holds.",
-           [(f'{ql(q)},consumer="{_label(c.tag)}"', c.unacked) for q, c in consumers])
-    family("plugbroker_consumer_isolated", "gauge", "1 while the consumer is on the blocklist.",
-           [(f'{ql(q)},consumer="{_label(c.tag)}"', int(c.isolated)) for q, c in consumers])
-    family("plugbroker_delayed_messages", "gauge", "Messages held by delayed exchanges.",
-           [(f'vhost="{_label(vh.name)}"', vh.delayed_pending) for vh in b.vhosts.values()])
-    family("plugbroker_policy_actions_total", "counter", "Policy actions by policy and outcome.",
-           [(f'policy="{_label(p)}",outcome="{_label(o)}"', n)
-            for (p, o), n in sorted(b.action_counts.items())])
-    family("plugbroker_resource_alarm", "gauge", "1 while a resource alarm blocks publishers.",
-           [("", int(b.alarm is not None))])
+    family(
+        "plugbroker_consumer_unacked",
+        "gauge",
+        "Unacked messages a consumer holds.",
+        [(f'{ql(q)},consumer="{_label(c.tag)}"', c.unacked) for q, c in consumers],
+    )
+    family(
+        "plugbroker_consumer_isolated",
+        "gauge",
+        "1 while the consumer is on the blocklist.",
+        [(f'{ql(q)},consumer="{_label(c.tag)}"', int(c.isolated)) for q, c in consumers],
+    )
+    family(
+        "plugbroker_delayed_messages",
+        "gauge",
+        "Messages held by delayed exchanges.",
+        [(f'vhost="{_label(vh.name)}"', vh.delayed_pending) for vh in b.vhosts.values()],
+    )
+    family(
+        "plugbroker_policy_actions_total",
+        "counter",
+        "Policy actions by policy and outcome.",
+        [
+            (f'policy="{_label(p)}",outcome="{_label(o)}"', n)
+            for (p, o), n in sorted(b.action_counts.items())
+        ],
+    )
+    family(
+        "plugbroker_resource_alarm",
+        "gauge",
+        "1 while a resource alarm blocks publishers.",
+        [("", int(b.alarm is not None))],
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -353,11 +462,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str, parts: list[str], query: dict[str, list[str]]) -> Any:
         admin = self.server.admin
         if method == "GET":
-            simple = {("api", "overview"): admin.overview, ("api", "queues"): admin.queues,
-                      ("api", "consumers"): admin.consumers,
-                      ("api", "connections"): admin.connections,
-                      ("api", "dead-letters"): admin.dead_letters,
-                      ("api", "blocklist"): lambda: admin.consumers(isolated_only=True)}
+            simple = {
+                ("api", "overview"): admin.overview,
+                ("api", "queues"): admin.queues,
+                ("api", "consumers"): admin.consumers,
+                ("api", "connections"): admin.connections,
+                ("api", "dead-letters"): admin.dead_letters,
+                ("api", "blocklist"): lambda: admin.consumers(isolated_only=True),
+            }
             fn = simple.get((parts[0], parts[1])) if len(parts) == 2 else None
             if fn is not None:
                 return fn()
@@ -372,10 +484,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return admin.redrive(parts[2], parts[3], int(most[0]) if most else None)
         raise AdminError(404, f"no such endpoint: {method} /{'/'.join(parts)}")
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:
         self._route("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(min(length, 1 << 20))
@@ -396,8 +508,7 @@ class AdminServer:
         self._httpd.admin = self.admin
         self.host = host
         self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="admin",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="admin", daemon=True)
 
     def start(self) -> AdminServer:
         self._thread.start()

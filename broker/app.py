@@ -15,8 +15,9 @@ import asyncio
 import itertools
 import logging
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from broker.clock import Clock, SystemClock
 from broker.domain.queue import SHARED, Consumer, Queue
@@ -53,8 +54,15 @@ CLOSE_TIMEOUT = 1.0
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, *, clock: Clock | None = None,
-                 hooks: Any = None, store: Any = None, name: str = "plugbroker") -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        clock: Clock | None = None,
+        hooks: Any = None,
+        store: Any = None,
+        name: str = "plugbroker",
+    ) -> None:
         self.config = config
         self.name = name
         self.clock: Clock = clock or SystemClock()
@@ -83,19 +91,31 @@ class Broker:
     # ------------------------------------------------------------------ setup
 
     def _add_vhost(self, name: str) -> VirtualHost:
-        vh = VirtualHost(name, clock=self.clock, timers=self.timers, hooks=self.hooks,
-                         store=self.store, mark_dirty=self.mark_dirty)
+        vh = VirtualHost(
+            name,
+            clock=self.clock,
+            timers=self.timers,
+            hooks=self.hooks,
+            store=self.store,
+            mark_dirty=self.mark_dirty,
+        )
         vh.on_topology_change = self.resolve_policy
         self.vhosts[name] = vh
         vc = self.config.vhosts.get(name)
         if vc is not None:
             for ex in vc.exchanges:
-                vh.declare_exchange(ex.name, ex.type, durable=ex.durable,
-                                    auto_delete=ex.auto_delete, arguments=dict(ex.arguments))
+                vh.declare_exchange(
+                    ex.name,
+                    ex.type,
+                    durable=ex.durable,
+                    auto_delete=ex.auto_delete,
+                    arguments=dict(ex.arguments),
+                )
             for qc in vc.queues.values():
                 if getattr(qc, "declare", False):
-                    vh.declare_queue(qc.name, durable=bool(qc.durable),
-                                     subscription_type=qc.subscription)
+                    vh.declare_queue(
+                        qc.name, durable=bool(qc.durable), subscription_type=qc.subscription
+                    )
         return vh
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -202,8 +222,7 @@ class Broker:
         if reason == self.alarm:
             return
         self.alarm = reason
-        log.warning("resource alarm %s%s", "raised: " if reason else "cleared",
-                    reason or "")
+        log.warning("resource alarm %s%s", "raised: " if reason else "cleared", reason or "")
         for conn in list(self.connections.values()):
             conn.set_blocked(reason)
 
@@ -268,8 +287,13 @@ class Broker:
         decide = self.hooks.reject_decision
         decision = None
         if decide is not None:
-            decision = decide(vhost=vh.name, queue=q.name, message=msg, requeue=requeue,
-                              delivery_count=msg.delivery_count)
+            decision = decide(
+                vhost=vh.name,
+                queue=q.name,
+                message=msg,
+                requeue=requeue,
+                delivery_count=msg.delivery_count,
+            )
         if decision is not None:
             kind = decision.kind
             if kind == "requeue":
@@ -287,8 +311,9 @@ class Broker:
             delay = None
             hd = self.hooks.redelivery_delay
             if hd is not None:
-                delay = hd(vhost=vh.name, queue=q.name, message=msg,
-                           delivery_count=msg.delivery_count + 1)
+                delay = hd(
+                    vhost=vh.name, queue=q.name, message=msg, delivery_count=msg.delivery_count + 1
+                )
             self._requeue_one(q, msg, delay or 0.0)
         else:
             q.settle(msg)
@@ -309,8 +334,13 @@ class Broker:
         self.after_requeue(q, [msg])
         h = self.hooks.message_redelivered
         if h is not None:
-            h(vhost=q.vhost.name, queue=q.name, message=msg, delivery_count=msg.delivery_count,
-              reason="rejected")
+            h(
+                vhost=q.vhost.name,
+                queue=q.name,
+                message=msg,
+                delivery_count=msg.delivery_count,
+                reason="rejected",
+            )
 
     def after_requeue(self, q: Queue, msgs: Sequence[Message]) -> None:
         """Persist raised delivery counts of stored messages."""
@@ -343,8 +373,13 @@ class Broker:
             h = self.hooks.message_redelivered
             if h is not None:
                 for m in moved:
-                    h(vhost=c.queue.vhost.name, queue=c.queue.name, message=m,
-                      delivery_count=m.delivery_count, reason="consumer-isolated")
+                    h(
+                        vhost=c.queue.vhost.name,
+                        queue=c.queue.name,
+                        message=m,
+                        delivery_count=m.delivery_count,
+                        reason="consumer-isolated",
+                    )
         return len(moved)
 
     def release_consumer(self, c: Consumer, reason: str) -> None:
@@ -352,13 +387,23 @@ class Broker:
             return
         c.isolated = False
         c.queue.vhost.mark_dirty(c.queue)
-        policy_log.info("consumer %s on queue '%s' (vhost '%s', connection %s) released from "
-                        "the blocklist: %s", c.tag, c.queue.name, c.queue.vhost.name,
-                        c.channel.connection_id, reason)
+        policy_log.info(
+            "consumer %s on queue '%s' (vhost '%s', connection %s) released from the blocklist: %s",
+            c.tag,
+            c.queue.name,
+            c.queue.vhost.name,
+            c.channel.connection_id,
+            reason,
+        )
         h = self.hooks.consumer_released
         if h is not None:
-            h(vhost=c.queue.vhost.name, queue=c.queue.name, consumer_tag=c.tag,
-              connection_id=c.channel.connection_id, reason=reason)
+            h(
+                vhost=c.queue.vhost.name,
+                queue=c.queue.name,
+                consumer_tag=c.tag,
+                connection_id=c.channel.connection_id,
+                reason=reason,
+            )
 
     # ------------------------------------------------------------------ snapshot / actions
 
@@ -392,8 +437,9 @@ class Broker:
                     views.append(view(q))
         return Snapshot(self.clock.monotonic(), tuple(views))
 
-    def queue_view(self, q: Queue, _cv: Any = ConsumerView, _qv: Any = QueueView,
-                   _new: Any = tuple.__new__) -> QueueView:
+    def queue_view(
+        self, q: Queue, _cv: Any = ConsumerView, _qv: Any = QueueView, _new: Any = tuple.__new__
+    ) -> QueueView:
         """A read-only view of one queue. Cost: a few attribute loads plus one per consumer.
 
         The fields that change only with topology or configuration are cached on the queue
@@ -404,22 +450,60 @@ class Broker:
         static = q.view_static
         if static is None:
             static = q.view_static = (
-                (q.vhost.name, q.name, q.durable, q.auto_delete, q.exclusive_owner is not None,
-                 q.subscription_type),
-                (tuple([(b.source.name, b.source.type, b.routing_key)
-                        for b in q.bound.values()]), q.policy))
+                (
+                    q.vhost.name,
+                    q.name,
+                    q.durable,
+                    q.auto_delete,
+                    q.exclusive_owner is not None,
+                    q.subscription_type,
+                ),
+                (
+                    tuple(
+                        [(b.source.name, b.source.type, b.routing_key) for b in q.bound.values()]
+                    ),
+                    q.policy,
+                ),
+            )
         held = q.held
         n = len(held)
         n_ready = len(q.ready)
         cs = q.consumers
-        consumers = tuple([
-            _cv(c.tag, c.channel.connection_id, c.channel.id, c.unacked, c.last_ack,
-                c.first_delivery, c.isolated, c.prefetch, c.no_ack)
-            for c in cs]) if cs else ()
-        return _new(_qv, static[0] + (
-            n, q.bytes, n_ready, n - n_ready - q.delayed,
-            held[next(iter(held))].arrival if n else None, q.acks_total, consumers,
-        ) + static[1] + ((tuple(q.getters),) if q.getters else ((),)))
+        consumers = (
+            tuple(
+                [
+                    _cv(
+                        c.tag,
+                        c.channel.connection_id,
+                        c.channel.id,
+                        c.unacked,
+                        c.last_ack,
+                        c.first_delivery,
+                        c.isolated,
+                        c.prefetch,
+                        c.no_ack,
+                    )
+                    for c in cs
+                ]
+            )
+            if cs
+            else ()
+        )
+        return _new(
+            _qv,
+            static[0]
+            + (
+                n,
+                q.bytes,
+                n_ready,
+                n - n_ready - q.delayed,
+                held[next(iter(held))].arrival if n else None,
+                q.acks_total,
+                consumers,
+            )
+            + static[1]
+            + ((tuple(q.getters),) if q.getters else ((),)),
+        )
 
     def apply_actions(self, actions: Iterable[Action]) -> list[str]:
         """Apply policy actions on the loop, re-checking each; returns each one's outcome."""
@@ -442,10 +526,11 @@ class Broker:
     def _apply(self, a: Action) -> str:
         vh = self.vhosts.get(a.vhost)
         q = vh.queues.get(a.queue) if vh is not None else None
-        what = (f"{a.policy}: vhost '{a.vhost}' queue '{a.queue}'"
-                + (f" {a.threshold} configured {a.configured:g} measured {a.measured:g}"
-                   if a.threshold and a.configured is not None and a.measured is not None
-                   else ""))
+        what = f"{a.policy}: vhost '{a.vhost}' queue '{a.queue}'" + (
+            f" {a.threshold} configured {a.configured:g} measured {a.measured:g}"
+            if a.threshold and a.configured is not None and a.measured is not None
+            else ""
+        )
         if q is not None:
             what += f" consumers [{', '.join(c.tag for c in q.consumers)}]"
         if isinstance(a, LogOnly):
@@ -468,9 +553,15 @@ class Broker:
             tags = [c.tag for c in q.consumers]
             for ch in channels.values():
                 ch.conn.close_channel(ch, a.code, a.text)
-            policy_log.warning("%s: closed %d channel(s) with %d %r (consumers %s): %s", what,
-                               len(channels), a.code, a.text, ", ".join(tags) or "none",
-                               a.reason)
+            policy_log.warning(
+                "%s: closed %d channel(s) with %d %r (consumers %s): %s",
+                what,
+                len(channels),
+                a.code,
+                a.text,
+                ", ".join(tags) or "none",
+                a.reason,
+            )
             return "applied"
         if isinstance(a, DeleteQueue):
             n = len(q.held)
@@ -482,20 +573,35 @@ class Broker:
             return "stale"
         if isinstance(a, IsolateConsumer):
             since = c.last_ack if c.last_ack is not None else c.first_delivery
-            if c.isolated or c.unacked <= 0 or since is None or (
-                    a.configured is not None
-                    and self.clock.monotonic() - since <= a.configured):
+            if (
+                c.isolated
+                or c.unacked <= 0
+                or since is None
+                or (a.configured is not None and self.clock.monotonic() - since <= a.configured)
+            ):
                 return "stale"  # it acked (or lost its messages) since the snapshot
             moved = self.isolate_consumer(c)
             now = self.clock.monotonic()
             age = now - (c.last_ack if c.last_ack is not None else (c.first_delivery or now))
-            policy_log.warning("%s: consumer %s (connection %s) isolated: no ack for %.3f s, "
-                               "%d unacked moved to the other consumers", what, c.tag,
-                               c.channel.connection_id, age, moved)
+            policy_log.warning(
+                "%s: consumer %s (connection %s) isolated: no ack for %.3f s, "
+                "%d unacked moved to the other consumers",
+                what,
+                c.tag,
+                c.channel.connection_id,
+                age,
+                moved,
+            )
             h = self.hooks.consumer_isolated
             if h is not None:
-                h(vhost=q.vhost.name, queue=q.name, consumer_tag=c.tag,
-                  connection_id=c.channel.connection_id, last_ack_age=age, moved=moved)
+                h(
+                    vhost=q.vhost.name,
+                    queue=q.name,
+                    consumer_tag=c.tag,
+                    connection_id=c.channel.connection_id,
+                    last_ack_age=age,
+                    moved=moved,
+                )
             return "applied"
         if isinstance(a, ReleaseConsumer):
             self.release_consumer(c, a.reason)
@@ -508,8 +614,9 @@ class Broker:
         if isinstance(a, SetPrefetch):
             c.prefetch = a.prefetch
             q.vhost.mark_dirty(q)
-            policy_log.warning("%s: consumer %s prefetch set to %d: %s", what, c.tag,
-                               a.prefetch, a.reason)
+            policy_log.warning(
+                "%s: consumer %s prefetch set to %d: %s", what, c.tag, a.prefetch, a.reason
+            )
             return "applied"
         return "unknown"
 
@@ -528,4 +635,4 @@ class Broker:
         self.end_of_turn()
 
 
-__all__ = ["Broker", "CLOSE_TIMEOUT", "RESOURCE_ERROR", "SHARED"]
+__all__ = ["CLOSE_TIMEOUT", "RESOURCE_ERROR", "SHARED", "Broker"]

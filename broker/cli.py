@@ -6,15 +6,17 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 log = logging.getLogger("broker")
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -38,8 +40,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         install_signal_handlers(loop, stop.set, lambda: running.reload())
-        print(f"plugbroker listening on {running.server.host}:{running.port} "
-              f"(config {path})", flush=True)
+        print(
+            f"plugbroker listening on {running.server.host}:{running.port} (config {path})",
+            flush=True,
+        )
         await stop.wait()
         log.info("shutting down")
         await running.stop()
@@ -69,9 +73,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 ADMIN_GETS = {
-    "overview": "/api/overview", "queues": "/api/queues", "consumers": "/api/consumers",
-    "blocklist": "/api/blocklist", "connections": "/api/connections",
-    "dead-letters": "/api/dead-letters", "metrics": "/metrics",
+    "overview": "/api/overview",
+    "queues": "/api/queues",
+    "consumers": "/api/consumers",
+    "blocklist": "/api/blocklist",
+    "connections": "/api/connections",
+    "dead-letters": "/api/dead-letters",
+    "metrics": "/metrics",
 }
 
 
@@ -96,8 +104,9 @@ def cmd_admin(args: argparse.Namespace) -> int:
         path = f"/api/queues/{quote(args.vhost, safe='')}/{quote(args.queue, safe='')}/{suffix}"
     else:  # pragma: no cover - argparse restricts the choices
         return 2
-    req = urllib.request.Request(args.url.rstrip("/") + path, method=method, data=b"" if
-                                 method == "POST" else None)
+    req = urllib.request.Request(
+        args.url.rstrip("/") + path, method=method, data=b"" if method == "POST" else None
+    )
     token = base64.b64encode(f"{args.user}:{args.password}".encode()).decode()
     req.add_header("Authorization", f"Basic {token}")
     try:
@@ -118,8 +127,9 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="plugbroker", description="AMQP 0-9-1 broker with "
-                                "pluggable consumer policies")
+    p = argparse.ArgumentParser(
+        prog="plugbroker", description="AMQP 0-9-1 broker with pluggable consumer policies"
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="start the broker")

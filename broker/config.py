@@ -110,7 +110,15 @@ RETRY_DELAY_MIN = 1.0
 RETRY_DELAY_MAX = 864000.0
 
 _BROKER_SINGLETONS = (
-    "listen", "store", "users", "housekeeping", "plugins", "journal", "limits", "admin")
+    "listen",
+    "store",
+    "users",
+    "housekeeping",
+    "plugins",
+    "journal",
+    "limits",
+    "admin",
+)
 _BROKER_CHILDREN = (*_BROKER_SINGLETONS, "virtualhost")
 _VHOST_CHILDREN = ("exchange", "queue", "topic")
 _RESERVED_NAMES = frozenset((*_BROKER_CHILDREN, *_VHOST_CHILDREN, *BUILTIN_SECTIONS, "broker"))
@@ -811,7 +819,8 @@ class DeadLetterConfig:
         (``amq.default`` for the default exchange), like Pulsar's ``<topic>-<subscription>-DLQ``.
         """
         return self.queue or self.queue_template.format(
-            queue=queue, exchange=exchange or "amq.default", vhost=vhost)
+            queue=queue, exchange=exchange or "amq.default", vhost=vhost
+        )
 
     def describe(self, queue: str | None = None) -> str:
         dlq = self.queue or (self.queue_template if queue is None else self.dlq_name(queue))
@@ -830,7 +839,7 @@ def _describe_section(value: object, queue: str | None = None) -> str:
     if callable(describe):
         try:
             return str(describe())
-        except Exception as exc:  # noqa: BLE001 - a plugin's describe() must not break check-config
+        except Exception as exc:
             return f"{value!r} (its describe() failed: {exc!r})"
     return repr(value)
 
@@ -1130,7 +1139,9 @@ class BrokerConfig:
         out.append(f"listen {self.listen_host}:{self.listen_port}")
         out.append(f"store {self.store_path if self.store_path is not None else '(none)'}")
         out.append(f"journal {self.journal_path if self.journal_path is not None else 'off'}")
-        out.append(f"admin {'http://%s:%d' % self.admin if self.admin is not None else 'off'}")
+        out.append(
+            f"admin {'http://{}:{}'.format(*self.admin) if self.admin is not None else 'off'}"
+        )
         out.append(
             f"housekeeping {self.housekeeping_threads} threads, every "
             f"{format_duration(self.housekeeping_period)}"

@@ -85,7 +85,7 @@ class ChannelError(AMQPError):
     """Closes the channel the method came on; the connection stays up."""
 
 
-class ConnectionError_(AMQPError):  # noqa: N801 - the builtin name is taken
+class ConnectionError_(AMQPError):
     """Closes the whole connection."""
 
     connection_level = True

@@ -1,4 +1,4 @@
-"""The housekeeping pool: plugins' periodic jobs, each on its own schedule, none able to stop another.
+"""The housekeeping pool: plugins' periodic jobs, each on its own schedule, none stopping another.
 
 This is the Qpid design's extension point (the virtual host housekeeping thread turned into a
 scheduled pool so "any error in their operation does not prevent them from running on their
@@ -139,8 +139,11 @@ class JobContext:
         """
         self._check()
         handle = self._handle
-        result: Snapshot = (handle.call_on_loop(handle.snapshot, vhost) if section is None
-                            else handle.call_on_loop(handle.snapshot, vhost, section))
+        result: Snapshot = (
+            handle.call_on_loop(handle.snapshot, vhost)
+            if section is None
+            else handle.call_on_loop(handle.snapshot, vhost, section)
+        )
         return result
 
     def apply(self, actions: Iterable[Action]) -> list[str]:
@@ -280,7 +283,7 @@ class _Pool:
                 if future.set_running_or_notify_cancel():
                     try:
                         future.set_result(fn(*args))
-                    except BaseException as exc:  # noqa: BLE001 - handed to the future
+                    except BaseException as exc:
                         future.set_exception(exc)
             finally:
                 with self._lock:

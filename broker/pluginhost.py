@@ -56,8 +56,12 @@ log = logging.getLogger(__name__)
 #: Module names of the built-in plugins, registered before any other plugin through the same
 #: hooks third parties use. Their hookimpls should use ``@hookimpl(trylast=True)`` so that a
 #: user's plugin runs first and wins firstresult decisions.
-BUILTIN_PLUGINS: tuple[str, ...] = ("plugins.slow_consumer", "plugins.isolation", "plugins.dead_letter",
-                                     "plugins.journal")
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "plugins.slow_consumer",
+    "plugins.isolation",
+    "plugins.dead_letter",
+    "plugins.journal",
+)
 
 #: Entry point group under which installed distributions announce plugin modules.
 ENTRY_POINT_GROUP = "plugbroker.plugins"

@@ -11,10 +11,10 @@ The same functions run in the Spark backtest over snapshots rebuilt from the eve
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple
-
+from typing import Any, NamedTuple
 
 _NO_POLICY: Mapping[str, Any] = MappingProxyType({})
 
@@ -196,6 +196,12 @@ class Trigger:
     def action_fields(self) -> dict[str, Any]:
         """The common fields of an Action for this trigger (first breach as the threshold)."""
         first = self.breaches[0]
-        return dict(vhost=self.queue.vhost, queue=self.queue.name, policy=self.policy,
-                    reason=self.reason, threshold=first.threshold,
-                    configured=first.configured, measured=first.measured)
+        return dict(
+            vhost=self.queue.vhost,
+            queue=self.queue.name,
+            policy=self.policy,
+            reason=self.reason,
+            threshold=first.threshold,
+            configured=first.configured,
+            measured=first.measured,
+        )

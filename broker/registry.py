@@ -118,8 +118,9 @@ class Registry:
             )
         self._jobs[name] = JobSpec(name, plugin, func, period, period_key)
 
-    def register_backoff(self, name: str, factory: Callable[[dict[str, str]], Any], *,
-                         plugin: str = CORE) -> None:
+    def register_backoff(
+        self, name: str, factory: Callable[[dict[str, str]], Any], *, plugin: str = CORE
+    ) -> None:
         """Make ``<backoff type="{name}">`` usable: ``factory(params)`` gets the element's
         ``<param name value>`` pairs as strings and returns an object whose
         ``next(redelivery_count) -> seconds`` gives the delay (PIP-106's interface).
@@ -129,18 +130,24 @@ class Registry:
         if not isinstance(name, str) or not name:
             raise PluginError(f"plugin {plugin!r} registered a backoff with an empty name")
         if not callable(factory):
-            raise PluginError(f"plugin {plugin!r} registered backoff {name!r} with {factory!r}, "
-                              "which is not callable")
+            raise PluginError(
+                f"plugin {plugin!r} registered backoff {name!r} with {factory!r}, "
+                "which is not callable"
+            )
         if (seen := self._backoffs.get(name)) is not None:
-            raise PluginError(f"backoff {name!r} is registered twice: by plugin {seen.plugin!r} "
-                              f"and by plugin {plugin!r}")
+            raise PluginError(
+                f"backoff {name!r} is registered twice: by plugin {seen.plugin!r} "
+                f"and by plugin {plugin!r}"
+            )
         self._backoffs[name] = PolicyEntry(name, plugin, factory)
 
     def backoff(self, name: str) -> Callable[[dict[str, str]], Any]:
         entry = self._backoffs.get(name)
         if entry is None:
-            raise PluginError(f"backoff {name!r} is not registered by any plugin (registered: "
-                              f"{', '.join(sorted(self._backoffs)) or 'none'})")
+            raise PluginError(
+                f"backoff {name!r} is not registered by any plugin (registered: "
+                f"{', '.join(sorted(self._backoffs)) or 'none'})"
+            )
         return entry.policy
 
     def backoff_names(self) -> tuple[str, ...]:

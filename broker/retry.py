@@ -26,11 +26,30 @@ twice rather than losing it (at-least-once).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 #: TDMQ's MESSAGE_DELAYLEVEL, in seconds
 DEFAULT_LEVELS: tuple[float, ...] = (
-    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+    1,
+    5,
+    10,
+    30,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    420,
+    480,
+    540,
+    600,
+    1200,
+    1800,
+    3600,
+    7200,
+)
 MIN_DELAY = 1.0
 MAX_DELAY = 864_000.0
 DEFAULT_MAX_RECONSUME = 16
@@ -53,11 +72,17 @@ def original_queue(message: Any, queue: str | None = None) -> str:
     return str(name)
 
 
-def reconsume_later(message: Any, delay: float | None = None, level: int | None = None, *,
-                    queue: str | None = None, retry_queue: str | None = None,
-                    dead_letter_queue: str | None = None,
-                    max_reconsume: int = DEFAULT_MAX_RECONSUME,
-                    levels: Sequence[float] = DEFAULT_LEVELS) -> str:
+def reconsume_later(
+    message: Any,
+    delay: float | None = None,
+    level: int | None = None,
+    *,
+    queue: str | None = None,
+    retry_queue: str | None = None,
+    dead_letter_queue: str | None = None,
+    max_reconsume: int = DEFAULT_MAX_RECONSUME,
+    levels: Sequence[float] = DEFAULT_LEVELS,
+) -> str:
     """Consume ``message`` again later; returns :data:`RETRIED` or :data:`DEAD_LETTERED`.
 
     :param message: the kombu message being handled (not yet acked).
@@ -82,13 +107,16 @@ def reconsume_later(message: Any, delay: float | None = None, level: int | None 
     times = int(headers.get("RECONSUMETIMES", 0)) + 1
     retry_name = retry_queue or f"{name}-RETRY"
     props = message.properties or {}
-    headers.update({
-        "REAL_TOPIC": name,
-        "ORIGIN_MESSAGE_ID": headers.get("ORIGIN_MESSAGE_ID") or props.get("message_id")
-        or f"{name}/{message.delivery_tag}",
-        "RETRY_TOPIC": retry_name,
-        "RECONSUMETIMES": times,
-    })
+    headers.update(
+        {
+            "REAL_TOPIC": name,
+            "ORIGIN_MESSAGE_ID": headers.get("ORIGIN_MESSAGE_ID")
+            or props.get("message_id")
+            or f"{name}/{message.delivery_tag}",
+            "RETRY_TOPIC": retry_name,
+            "RECONSUMETIMES": times,
+        }
+    )
     headers.pop("x-delay", None)
     headers.pop("x-retry-level", None)
     if times > max_reconsume:
@@ -98,7 +126,7 @@ def reconsume_later(message: Any, delay: float | None = None, level: int | None 
     else:
         target = retry_name
         if delay is not None:
-            headers["x-delay"] = int(round(delay * 1000))
+            headers["x-delay"] = round(delay * 1000)
         elif level is not None:
             headers["x-retry-level"] = level
         outcome = RETRIED  # neither: the broker takes the level after RECONSUMETIMES
@@ -113,9 +141,25 @@ def _publish_copy(message: Any, queue: str, headers: dict[str, Any]) -> None:
     props.pop("application_headers", None)
     body = message.body
     msg = channel.prepare_message(
-        body, priority=props.get("priority"), content_type=message.content_type,
-        content_encoding=message.content_encoding, headers=headers,
-        properties={k: v for k, v in props.items()
-                    if k in ("delivery_mode", "correlation_id", "reply_to", "message_id",
-                             "timestamp", "type", "app_id", "expiration")})
+        body,
+        priority=props.get("priority"),
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        headers=headers,
+        properties={
+            k: v
+            for k, v in props.items()
+            if k
+            in (
+                "delivery_mode",
+                "correlation_id",
+                "reply_to",
+                "message_id",
+                "timestamp",
+                "type",
+                "app_id",
+                "expiration",
+            )
+        },
+    )
     channel.basic_publish(msg, exchange="", routing_key=queue)

@@ -19,8 +19,13 @@ from lxml import etree
 
 from broker.app import Broker
 from broker.clock import Clock
-from broker.config import BrokerConfig, ConfigElementRegistry, ConfigError, load_config, \
-    load_default
+from broker.config import (
+    BrokerConfig,
+    ConfigElementRegistry,
+    ConfigError,
+    load_config,
+    load_default,
+)
 from broker.server import Server
 
 log = logging.getLogger("broker")
@@ -118,16 +123,24 @@ def load_plugins(config_path: Path | None) -> tuple[Any, ConfigElementRegistry]:
     return host, registry
 
 
-async def start_broker(config_path: str | Path | None = None, *, host: str | None = None,
-                       port: int | None = None, clock: Clock | None = None,
-                       config: BrokerConfig | None = None, housekeeping: bool = True,
-                       ) -> Running:
+async def start_broker(
+    config_path: str | Path | None = None,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    clock: Clock | None = None,
+    config: BrokerConfig | None = None,
+    housekeeping: bool = True,
+) -> Running:
     """Load config and plugins, open the store, listen, start housekeeping."""
     path = Path(config_path) if config_path is not None else None
     plugins, registry = load_plugins(path)
     if config is None:
-        config = load_config(path, registry=registry) if path is not None else load_default(
-            registry=registry)
+        config = (
+            load_config(path, registry=registry)
+            if path is not None
+            else load_default(registry=registry)
+        )
     if plugins.configure is not None:
         plugins.configure(config=config)
     plugins.verify_policies(config)
@@ -135,8 +148,7 @@ async def start_broker(config_path: str | Path | None = None, *, host: str | Non
     b = Broker(config, clock=clock, hooks=plugins, store=store)
     if hasattr(store, "recover"):
         store.recover(b)
-    server = Server(b, host or config.listen_host, port if port is not None else
-                    config.listen_port)
+    server = Server(b, host or config.listen_host, port if port is not None else config.listen_port)
     await server.start()
     running = Running(b, server, config, plugins, extras={"config_registry": registry})
     if plugins.startup is not None:
@@ -145,9 +157,13 @@ async def start_broker(config_path: str | Path | None = None, *, host: str | Non
     if housekeeping and plugins.registry.jobs():
         from broker.housekeeping import Housekeeping
 
-        hk = Housekeeping(plugins.registry, b, threads=config.housekeeping_threads,
-                          default_period=config.housekeeping_period,
-                          period_for=lambda key: period_for(b.config, key))
+        hk = Housekeeping(
+            plugins.registry,
+            b,
+            threads=config.housekeeping_threads,
+            default_period=config.housekeeping_period,
+            period_for=lambda key: period_for(b.config, key),
+        )
         hk.start()
         running.housekeeping = hk
     if config.admin is not None:
@@ -165,8 +181,11 @@ def period_for(config: BrokerConfig, key: str) -> float | None:
     py_attr = {"checkPeriod": "check_period"}.get(attr, attr)
     found: list[float] = []
     for vc in config.vhosts.values():
-        holders = [vc.defaults, *(q.sections for q in vc.queues.values()),
-                   *(t.sections for t in vc.topics)]
+        holders = [
+            vc.defaults,
+            *(q.sections for q in vc.queues.values()),
+            *(t.sections for t in vc.topics),
+        ]
         for sections in holders:
             sec = sections.get(section) if hasattr(sections, "get") else None
             value = getattr(sec, py_attr, None)
@@ -191,8 +210,9 @@ def open_store(config: BrokerConfig) -> Any:
     from broker.store.sqlite import SYNC_ENV
 
     # the environment variable wins, so a soak or benchmark can switch without editing the file
-    return SQLiteStore(config.store_path,
-                       synchronous=os.environ.get(SYNC_ENV) or config.store_sync.upper())
+    return SQLiteStore(
+        config.store_path, synchronous=os.environ.get(SYNC_ENV) or config.store_sync.upper()
+    )
 
 
 __all__ = ["ConfigError", "Running", "load_plugins", "plugin_list", "start_broker"]

@@ -85,7 +85,8 @@ class Server:
         self.broker.attach_loop(loop)
         self._stopped = asyncio.Event()
         self._server = await loop.create_server(
-            lambda: AMQPProtocol(self.broker), self.host, self.port, reuse_address=True)
+            lambda: AMQPProtocol(self.broker), self.host, self.port, reuse_address=True
+        )
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info("listening on %s:%d", self.host, self.port)
@@ -112,8 +113,7 @@ class Server:
         await self._stopped.wait()
 
 
-def install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: Any,
-                            reload: Any = None) -> None:
+def install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: Any, reload: Any = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, stop)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import broker
 from broker.codec import NEED_DATA, Heartbeat, Method, ProtocolHeader, Publish, ServerCodec
@@ -79,9 +80,26 @@ AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED =
 class Channel:
     """One AMQP channel: consumers, unacked deliveries, prefetch, confirms and transactions."""
 
-    __slots__ = ("id", "conn", "vhost", "connection_id", "consumers", "unacked", "next_tag",
-                 "prefetch_consumer", "prefetch_global", "flow", "confirm", "publish_seq",
-                 "tx", "tx_ops", "closing", "moved", "polled", "_hooks")
+    __slots__ = (
+        "_hooks",
+        "closing",
+        "confirm",
+        "conn",
+        "connection_id",
+        "consumers",
+        "flow",
+        "id",
+        "moved",
+        "next_tag",
+        "polled",
+        "prefetch_consumer",
+        "prefetch_global",
+        "publish_seq",
+        "tx",
+        "tx_ops",
+        "unacked",
+        "vhost",
+    )
 
     def __init__(self, conn: Connection, channel_id: int) -> None:
         self.id = channel_id
@@ -131,15 +149,32 @@ class Channel:
             if msg.stored and not msg.redelivered:
                 queue.vhost.store.delivered(queue, msg)
         conn = self.conn
-        conn.out.append(conn.codec.encode_deliver(
-            self.id, consumer.tag_bytes, tag, msg.redelivered, msg.exchange.encode(),
-            msg.routing_key.encode(), msg.body_size, msg.delivery_properties(), msg.body))
+        conn.out.append(
+            conn.codec.encode_deliver(
+                self.id,
+                consumer.tag_bytes,
+                tag,
+                msg.redelivered,
+                msg.exchange.encode(),
+                msg.routing_key.encode(),
+                msg.body_size,
+                msg.delivery_properties(),
+                msg.body,
+            )
+        )
         conn.want_flush()
         h = self._hooks.message_delivered
         if h is not None:
-            h(vhost=self.vhost.name, queue=queue.name, consumer_tag=consumer.tag,
-              connection_id=self.connection_id, channel_id=self.id, delivery_tag=tag,
-              message=msg, redelivered=msg.redelivered)
+            h(
+                vhost=self.vhost.name,
+                queue=queue.name,
+                consumer_tag=consumer.tag,
+                connection_id=self.connection_id,
+                channel_id=self.id,
+                delivery_tag=tag,
+                message=msg,
+                redelivered=msg.redelivered,
+            )
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away (deleted): forget the consumer and tell the client if it can
@@ -155,11 +190,18 @@ class Channel:
     def _consumer_gone(self, c: Consumer, reason: str) -> None:
         h = self._hooks.consumer_removed
         if h is not None:
-            h(vhost=self.vhost.name, queue=c.queue.name, consumer_tag=c.tag,
-              connection_id=self.connection_id, channel_id=self.id, reason=reason)
+            h(
+                vhost=self.vhost.name,
+                queue=c.queue.name,
+                consumer_tag=c.tag,
+                connection_id=self.connection_id,
+                channel_id=self.id,
+                reason=reason,
+            )
 
-    def settle_tags(self, tag: int, multiple: bool, sig: tuple[int, int], ack: bool = True
-                    ) -> list[tuple[Message, Queue, Consumer | None]]:
+    def settle_tags(
+        self, tag: int, multiple: bool, sig: tuple[int, int], ack: bool = True
+    ) -> list[tuple[Message, Queue, Consumer | None]]:
         """Take the unacked entries an ack/nack/reject names (406 for an unknown tag).
 
         Tags of messages taken back from an isolated consumer (``moved``) are accepted
@@ -195,8 +237,7 @@ class Channel:
         consumer.last_ack = self.conn.clock.monotonic()
         if consumer.isolated:
             self.conn.broker.release_consumer(consumer, "acked" if ack else "rejected")
-        if ack and msg.id in queue.moved_waiting and not queue.deleted and \
-                msg.id in queue.held:
+        if ack and msg.id in queue.moved_waiting and not queue.deleted and msg.id in queue.held:
             queue.moved_waiting.discard(msg.id)
             try:
                 queue.ready.remove(msg)
@@ -220,8 +261,13 @@ class Channel:
             q.requeue(msgs)
             if h is not None:
                 for m in msgs:
-                    h(vhost=self.vhost.name, queue=q.name, message=m,
-                      delivery_count=m.delivery_count, reason=reason)
+                    h(
+                        vhost=self.vhost.name,
+                        queue=q.name,
+                        message=m,
+                        delivery_count=m.delivery_count,
+                        reason=reason,
+                    )
             self.conn.broker.after_requeue(q, msgs)
 
     def teardown(self, reason: str) -> None:
@@ -254,8 +300,9 @@ class Connection:
         self.id = broker_.new_connection_id(peer)
         self.clock = broker_.clock
         limits = broker_.limits
-        self.codec = ServerCodec(frame_max=limits.frame_max,
-                                 max_message_size=limits.max_message_size)
+        self.codec = ServerCodec(
+            frame_max=limits.frame_max, max_message_size=limits.max_message_size
+        )
         self.state = AWAIT_HEADER
         self.channels: dict[int, Channel] = {}
         self.closing_channels: set[int] = set()
@@ -277,7 +324,8 @@ class Connection:
         self.published = False
         self._hb_timer: TimerHandle | None = None
         self._timeout_timer: TimerHandle | None = broker_.timers.call_later(
-            limits.handshake_timeout, self._handshake_timeout)
+            limits.handshake_timeout, self._handshake_timeout
+        )
         self.close_reason = ""
         broker_.connection_opened(self)
         self._handlers: dict[str, Callable[[Channel, tuple[Any, ...]], None]] = {
@@ -391,8 +439,12 @@ class Connection:
         self.state = CLOSED
         self._cleanup()
         if prev not in (CLOSING,):
-            log.info("connection %s (%s) closed by peer%s", self.id, self.peer,
-                     f": {self.close_reason}" if self.close_reason else "")
+            log.info(
+                "connection %s (%s) closed by peer%s",
+                self.id,
+                self.peer,
+                f": {self.close_reason}" if self.close_reason else "",
+            )
 
     def _cleanup(self) -> None:
         for t in (self._hb_timer, self._timeout_timer):
@@ -405,8 +457,9 @@ class Connection:
         if self.vhost is not None:
             for q in list(self.vhost.queues.values()):
                 if q.exclusive_owner == self.id:
-                    self.vhost.delete_queue(q, reason="exclusive-owner-closed",
-                                            detail=f"connection {self.id} closed")
+                    self.vhost.delete_queue(
+                        q, reason="exclusive-owner-closed", detail=f"connection {self.id} closed"
+                    )
         self.broker.connection_closed(self)
 
     # ================================================================ errors
@@ -422,8 +475,9 @@ class Connection:
         log.info("connection %s channel %d closed: %d %s", self.id, channel_id, e.code, e.text)
         self.close_channel(ch, e.code, e.reply_text, e.method)
 
-    def close_channel(self, ch: Channel, code: int, text: str,
-                      method: tuple[int, int] = (0, 0)) -> None:
+    def close_channel(
+        self, ch: Channel, code: int, text: str, method: tuple[int, int] = (0, 0)
+    ) -> None:
         """Close a channel from the broker side (an error, or a policy such as 506)."""
         if ch.closing:
             return
@@ -445,8 +499,9 @@ class Connection:
         self.close_reason = text
         was_open = self.state
         self.state = CLOSING
-        self.out.append(self.codec.encode_method(0, "connection.close", code, text[:255],
-                                                 method[0], method[1]))
+        self.out.append(
+            self.codec.encode_method(0, "connection.close", code, text[:255], method[0], method[1])
+        )
         self.flush()
         for ch in list(self.channels.values()):
             ch.teardown("connection-closed")
@@ -466,8 +521,12 @@ class Connection:
     def _handshake_timeout(self) -> None:
         self._timeout_timer = None
         if self.state < OPEN:
-            log.warning("connection %s (%s) dropped: handshake not finished within %.1f s",
-                        self.id, self.peer, self.broker.limits.handshake_timeout)
+            log.warning(
+                "connection %s (%s) dropped: handshake not finished within %.1f s",
+                self.id,
+                self.peer,
+                self.broker.limits.handshake_timeout,
+            )
             self.state = CLOSED
             self._cleanup()
             self.transport.close()
@@ -487,8 +546,9 @@ class Connection:
             if self.state != OPEN:
                 if self.state == CLOSING:
                     return
-                raise ConnectionError_(COMMAND_INVALID,
-                                       f"{ev.name} before the connection was opened", ev.spec.sig)
+                raise ConnectionError_(
+                    COMMAND_INVALID, f"{ev.name} before the connection was opened", ev.spec.sig
+                )
             name = ev.spec.name
             if name == "channel.open":
                 self._channel_open(ev.channel)
@@ -498,17 +558,21 @@ class Connection:
                 return
             handler = self._handlers.get(name)
             if handler is None:
-                raise ConnectionError_(COMMAND_INVALID,
-                                       f"{name} is not valid on a channel from a client",
-                                       ev.spec.sig)
+                raise ConnectionError_(
+                    COMMAND_INVALID, f"{name} is not valid on a channel from a client", ev.spec.sig
+                )
             handler(ch, ev.args)
             return
         if isinstance(ev, Heartbeat):
             return
         if isinstance(ev, ProtocolHeader):
             if not ev.ok:
-                log.warning("connection %s (%s): wrong protocol header %r; answered with ours",
-                            self.id, self.peer, ev.data)
+                log.warning(
+                    "connection %s (%s): wrong protocol header %r; answered with ours",
+                    self.id,
+                    self.peer,
+                    ev.data,
+                )
                 self.transport.write(PROTOCOL_HEADER)
                 self.state = CLOSED
                 self._cleanup()
@@ -516,13 +580,13 @@ class Connection:
                 return
             self._start()
 
-    def _open_channel(self, channel_id: int, sig: tuple[int, int],
-                      name: str = "basic.publish") -> Channel | None:
+    def _open_channel(
+        self, channel_id: int, sig: tuple[int, int], name: str = "basic.publish"
+    ) -> Channel | None:
         if self.state != OPEN:
             if self.state == CLOSING:
                 return None
-            raise ConnectionError_(COMMAND_INVALID, f"{name} before the connection was opened",
-                                   sig)
+            raise ConnectionError_(COMMAND_INVALID, f"{name} before the connection was opened", sig)
         if channel_id in self.closing_channels:
             # after our channel.close, only close/close-ok count; the rest is dropped
             if name == "channel.close_ok":
@@ -535,8 +599,9 @@ class Connection:
             return None
         ch = self.channels.get(channel_id)
         if ch is None:
-            raise ConnectionError_(CHANNEL_ERROR, f"{name} on channel {channel_id}, which is not "
-                                   "open", sig)
+            raise ConnectionError_(
+                CHANNEL_ERROR, f"{name} on channel {channel_id}, which is not open", sig
+            )
         return ch
 
     # ================================================================ connection class
@@ -583,23 +648,23 @@ class Connection:
         elif st == AWAIT_OPEN and name == "connection.open":
             self._open(a[0])
         elif name == "connection.update_secret" and st == OPEN:
-            raise ConnectionError_(NOT_IMPLEMENTED, "connection.update_secret is not supported",
-                                   ev.spec.sig)
+            raise ConnectionError_(
+                NOT_IMPLEMENTED, "connection.update_secret is not supported", ev.spec.sig
+            )
         elif name in ("connection.close_ok",):
             return
         else:
-            raise ConnectionError_(COMMAND_INVALID, f"unexpected {name} on channel 0",
-                                   ev.spec.sig)
+            raise ConnectionError_(COMMAND_INVALID, f"unexpected {name} on channel 0", ev.spec.sig)
 
-    def _start_ok(self, client_props: dict[str, Any], mechanism: str, response: bytes,
-                  locale: str) -> None:
+    def _start_ok(
+        self, client_props: dict[str, Any], mechanism: str, response: bytes, locale: str
+    ) -> None:
         self.client_props = client_props if isinstance(client_props, dict) else {}
         caps = self.client_props.get("capabilities")
         self.client_caps = caps if isinstance(caps, dict) else {}
         user, password = self._credentials(mechanism, response)
         if not self.broker.authenticate(user, password):
-            text = (f"ACCESS_REFUSED - Login was refused using authentication mechanism "
-                    f"{mechanism}.")
+            text = f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
             log.warning("connection %s (%s): login refused for user %r", self.id, self.peer, user)
             if self.client_caps.get("authentication_failure_close"):
                 self.close(ACCESS_REFUSED, text, (10, 11))
@@ -621,26 +686,34 @@ class Connection:
             return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
         if mechanism == "AMQPLAIN":
             from amqp.serialization import loads
+
             raw = bytes(response)
             try:
                 table, _ = loads("F", len(raw).to_bytes(4, "big") + raw, 0)
             except Exception:
-                raise ConnectionError_(ACCESS_REFUSED, "malformed AMQPLAIN response",
-                                       (10, 11)) from None
+                raise ConnectionError_(
+                    ACCESS_REFUSED, "malformed AMQPLAIN response", (10, 11)
+                ) from None
             t = table[0]
             return str(t.get("LOGIN", "")), str(t.get("PASSWORD", ""))
-        raise ConnectionError_(ACCESS_REFUSED,
-                               f"unsupported authentication mechanism {mechanism!r}; "
-                               "use PLAIN or AMQPLAIN", (10, 11))
+        raise ConnectionError_(
+            ACCESS_REFUSED,
+            f"unsupported authentication mechanism {mechanism!r}; use PLAIN or AMQPLAIN",
+            (10, 11),
+        )
 
     def _tune_ok(self, channel_max: int, frame_max: int, heartbeat: int) -> None:
         lim = self.broker.limits
         if frame_max and frame_max < 4096:
-            raise ConnectionError_(SYNTAX_ERROR, f"frame_max {frame_max} is below the minimum "
-                                   "4096", (10, 31))
+            raise ConnectionError_(
+                SYNTAX_ERROR, f"frame_max {frame_max} is below the minimum 4096", (10, 31)
+            )
         if frame_max > lim.frame_max:
-            raise ConnectionError_(SYNTAX_ERROR, f"frame_max {frame_max} is above the offered "
-                                   f"{lim.frame_max}", (10, 31))
+            raise ConnectionError_(
+                SYNTAX_ERROR,
+                f"frame_max {frame_max} is above the offered {lim.frame_max}",
+                (10, 31),
+            )
         self.frame_max = frame_max or lim.frame_max
         self.codec.tune(self.frame_max)
         self.channel_max = min(channel_max or lim.channel_max, lim.channel_max)
@@ -652,8 +725,11 @@ class Connection:
         if vh is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost '{vhost_name}' not found", (10, 40))
         if not self.broker.may_access(self.user, vhost_name):
-            raise ConnectionError_(NOT_ALLOWED, f"access to vhost '{vhost_name}' refused for "
-                                   f"user '{self.user}'", (10, 40))
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"access to vhost '{vhost_name}' refused for user '{self.user}'",
+                (10, 40),
+            )
         self.vhost = vh
         self.state = OPEN
         if self._timeout_timer is not None:
@@ -664,8 +740,14 @@ class Connection:
             self._hb_timer = self.broker.timers.call_later(self.heartbeat / 2, self._hb_tick)
         if self.broker.alarm and self.client_caps.get("connection.blocked"):
             self.send(0, "connection.blocked", self.broker.alarm)
-        log.info("connection %s (%s) opened: user %r vhost %r heartbeat %ds", self.id, self.peer,
-                 self.user, vhost_name, self.heartbeat)
+        log.info(
+            "connection %s (%s) opened: user %r vhost %r heartbeat %ds",
+            self.id,
+            self.peer,
+            self.user,
+            vhost_name,
+            self.heartbeat,
+        )
         h = self.broker.hooks.connection_opened
         if h is not None:
             h(connection_id=self.id, peer=self.peer, user=self.user, vhost=vhost_name)
@@ -681,8 +763,13 @@ class Connection:
             # the missed-heartbeat check pauses meanwhile (as RabbitMQ's does)
             self.last_recv = now
         if now - self.last_recv > 2 * hb:
-            log.warning("connection %s (%s) dropped: no frame from the client for %.1f s "
-                        "(heartbeat %d s)", self.id, self.peer, now - self.last_recv, hb)
+            log.warning(
+                "connection %s (%s) dropped: no frame from the client for %.1f s (heartbeat %d s)",
+                self.id,
+                self.peer,
+                now - self.last_recv,
+                hb,
+            )
             self.close_reason = "missed heartbeats"
             self.state = CLOSED
             self._cleanup()
@@ -715,11 +802,13 @@ class Connection:
 
     def _channel_open(self, channel_id: int) -> None:
         if channel_id in self.channels or channel_id in self.closing_channels:
-            raise ConnectionError_(CHANNEL_ERROR, f"channel {channel_id} is already open",
-                                   (20, 10))
+            raise ConnectionError_(CHANNEL_ERROR, f"channel {channel_id} is already open", (20, 10))
         if channel_id > self.channel_max:
-            raise ConnectionError_(CHANNEL_ERROR, f"channel {channel_id} is above channel_max "
-                                   f"{self.channel_max}", (20, 10))
+            raise ConnectionError_(
+                CHANNEL_ERROR,
+                f"channel {channel_id} is above channel_max {self.channel_max}",
+                (20, 10),
+            )
         self.channels[channel_id] = Channel(self, channel_id)
         self.send(channel_id, "channel.open_ok", b"")
 
@@ -737,15 +826,25 @@ class Connection:
         self.send(ch.id, "channel.close_ok")
 
     def _channel_close_ok(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        raise ConnectionError_(CHANNEL_ERROR, f"channel.close_ok on channel {ch.id}, which the "
-                               "broker did not close", (20, 41))
+        raise ConnectionError_(
+            CHANNEL_ERROR,
+            f"channel.close_ok on channel {ch.id}, which the broker did not close",
+            (20, 41),
+        )
 
     # ================================================================ exchange class
 
     def _exchange_declare(self, ch: Channel, a: tuple[Any, ...]) -> None:
         _, name, type_, passive, durable, auto_delete, internal, nowait, args = a
-        ch.vhost.declare_exchange(name, type_, passive=passive, durable=durable,
-                                  auto_delete=auto_delete, internal=internal, arguments=args)
+        ch.vhost.declare_exchange(
+            name,
+            type_,
+            passive=passive,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=args,
+        )
         if not nowait:
             self.send(ch.id, "exchange.declare_ok")
 
@@ -779,10 +878,16 @@ class Connection:
     def _queue_declare(self, ch: Channel, a: tuple[Any, ...]) -> None:
         _, name, passive, durable, exclusive, auto_delete, nowait, args = a
         vh = ch.vhost
-        q, created = vh.declare_queue(
-            name, passive=passive, durable=durable, exclusive=exclusive,
-            auto_delete=auto_delete, arguments=args, owner=self.id,
-            subscription_type=self.broker.configured_subscription(vh.name, name))
+        q, _created = vh.declare_queue(
+            name,
+            passive=passive,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+            arguments=args,
+            owner=self.id,
+            subscription_type=self.broker.configured_subscription(vh.name, name),
+        )
         if not nowait:
             self.send(ch.id, "queue.declare_ok", q.name, q.ready_count, len(q.consumers))
 
@@ -817,15 +922,20 @@ class Connection:
         n = 0
         if q is not None:
             vh._check_owner(q, self.id, (50, 40))
-            n = vh.delete_queue(q, reason="client", detail=f"queue.delete on connection {self.id}",
-                                if_unused=if_unused, if_empty=if_empty)
+            n = vh.delete_queue(
+                q,
+                reason="client",
+                detail=f"queue.delete on connection {self.id}",
+                if_unused=if_unused,
+                if_empty=if_empty,
+            )
         if not nowait:
             self.send(ch.id, "queue.delete_ok", n)
 
     # ================================================================ basic class
 
     def _basic_qos(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        prefetch_size, prefetch_count, global_ = a
+        _prefetch_size, prefetch_count, global_ = a
         if global_:
             ch.prefetch_global = prefetch_count
         else:
@@ -835,7 +945,7 @@ class Connection:
             c.queue.vhost.mark_dirty(c.queue)
 
     def _basic_consume(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, qname, tag, no_local, no_ack, exclusive, nowait, args = a
+        _, qname, tag, _no_local, no_ack, exclusive, nowait, args = a
         sig = (60, 20)
         q = ch.vhost.get_queue(qname, sig, self.id)
         if not tag:
@@ -843,20 +953,35 @@ class Connection:
         elif tag in ch.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", sig)
         if q.has_exclusive_consumer() or (exclusive and q.consumers):
-            raise ChannelError(ACCESS_REFUSED, f"queue '{qname}' in vhost '{ch.vhost.name}' in "
-                               "exclusive use", sig)
+            raise ChannelError(
+                ACCESS_REFUSED, f"queue '{qname}' in vhost '{ch.vhost.name}' in exclusive use", sig
+            )
         if q.subscription_type == EXCLUSIVE and q.consumers:
-            raise ChannelError(ACCESS_REFUSED, f"queue '{qname}' has an exclusive subscription "
-                               "and already has a consumer", sig)
-        c = q.add_consumer(tag, ch, no_ack=no_ack, exclusive=exclusive,
-                           prefetch=ch.prefetch_consumer, arguments=args)
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"queue '{qname}' has an exclusive subscription and already has a consumer",
+                sig,
+            )
+        c = q.add_consumer(
+            tag,
+            ch,
+            no_ack=no_ack,
+            exclusive=exclusive,
+            prefetch=ch.prefetch_consumer,
+            arguments=args,
+        )
         ch.consumers[tag] = c
         if not nowait:
             self.send(ch.id, "basic.consume_ok", tag)
         h = self.broker.hooks.consumer_added
         if h is not None:
-            h(vhost=ch.vhost.name, queue=q.name, consumer_tag=tag, connection_id=self.id,
-              channel_id=ch.id)
+            h(
+                vhost=ch.vhost.name,
+                queue=q.name,
+                consumer_tag=tag,
+                connection_id=self.id,
+                channel_id=ch.id,
+            )
 
     def _basic_cancel(self, ch: Channel, a: tuple[Any, ...]) -> None:
         tag, nowait = a
@@ -889,15 +1014,27 @@ class Connection:
             ch.unacked[tag] = (m, q, None)
             if m.stored and not m.redelivered:
                 q.vhost.store.delivered(q, m)
-        self.out.append(self.codec.encode_method(
-            ch.id, "basic.get_ok", tag, m.redelivered, m.exchange, m.routing_key, q.ready_count))
-        self.out.append(self.codec.encode_content(ch.id, m.body_size, m.delivery_properties(),
-                                                  m.body))
+        self.out.append(
+            self.codec.encode_method(
+                ch.id, "basic.get_ok", tag, m.redelivered, m.exchange, m.routing_key, q.ready_count
+            )
+        )
+        self.out.append(
+            self.codec.encode_content(ch.id, m.body_size, m.delivery_properties(), m.body)
+        )
         self.want_flush()
         h = self.broker.hooks.message_delivered
         if h is not None:
-            h(vhost=ch.vhost.name, queue=q.name, consumer_tag=None, connection_id=self.id,
-              channel_id=ch.id, delivery_tag=tag, message=m, redelivered=m.redelivered)
+            h(
+                vhost=ch.vhost.name,
+                queue=q.name,
+                consumer_tag=None,
+                connection_id=self.id,
+                channel_id=ch.id,
+                delivery_tag=tag,
+                message=m,
+                redelivered=m.redelivered,
+            )
 
     def _basic_ack(self, ch: Channel, a: tuple[Any, ...]) -> None:
         tag, multiple = a
@@ -922,8 +1059,14 @@ class Connection:
                 if c.isolated:
                     self.broker.release_consumer(c, "acked")
             if h is not None:
-                h(vhost=ch.vhost.name, queue=q.name, consumer_tag=c.tag if c else None,
-                  connection_id=self.id, channel_id=ch.id, message=msg)
+                h(
+                    vhost=ch.vhost.name,
+                    queue=q.name,
+                    consumer_tag=c.tag if c else None,
+                    connection_id=self.id,
+                    channel_id=ch.id,
+                    message=msg,
+                )
             if not q.dirty and q.ready:
                 q.vhost.mark_dirty(q)
         if ch.prefetch_global:
@@ -946,8 +1089,9 @@ class Connection:
             return
         self._reject(ch, tag, multiple, requeue, (60, 120))
 
-    def _reject(self, ch: Channel, tag: int, multiple: bool, requeue: bool,
-                sig: tuple[int, int]) -> None:
+    def _reject(
+        self, ch: Channel, tag: int, multiple: bool, requeue: bool, sig: tuple[int, int]
+    ) -> None:
         entries = ch.settle_tags(tag, multiple, sig, ack=False)
         if requeue and len(entries) > 1:
             # each requeue goes to the front: newest first leaves the oldest at the head
@@ -961,8 +1105,15 @@ class Connection:
                 if c.isolated:
                     self.broker.release_consumer(c, "rejected")
             if h is not None:
-                h(vhost=ch.vhost.name, queue=q.name, consumer_tag=c.tag if c else None,
-                  connection_id=self.id, channel_id=ch.id, message=msg, requeue=requeue)
+                h(
+                    vhost=ch.vhost.name,
+                    queue=q.name,
+                    consumer_tag=c.tag if c else None,
+                    connection_id=self.id,
+                    channel_id=ch.id,
+                    message=msg,
+                    requeue=requeue,
+                )
             self.broker.rejected(q, msg, requeue)
 
     def _basic_recover(self, ch: Channel, a: tuple[Any, ...]) -> None:
@@ -984,11 +1135,15 @@ class Connection:
             vh = ch.vhost
             ex = vh.exchanges.get(ev.exchange)
             if ex is None:
-                raise ChannelError(NOT_FOUND, f"no exchange '{ev.exchange}' in vhost "
-                                   f"'{vh.name}'", (60, 40))
+                raise ChannelError(
+                    NOT_FOUND, f"no exchange '{ev.exchange}' in vhost '{vh.name}'", (60, 40)
+                )
             if ex.internal:
-                raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange "
-                                   f"'{ev.exchange}' in vhost '{vh.name}'", (60, 40))
+                raise ChannelError(
+                    ACCESS_REFUSED,
+                    f"cannot publish to internal exchange '{ev.exchange}' in vhost '{vh.name}'",
+                    (60, 40),
+                )
             ch.tx_ops.append(("publish", ev))
             return
         self.published = True
@@ -998,16 +1153,27 @@ class Connection:
         vh = ch.vhost
         ex = vh.exchanges.get(ev.exchange)
         if ex is None:
-            raise ChannelError(NOT_FOUND, f"no exchange '{ev.exchange}' in vhost '{vh.name}'",
-                               (60, 40))
+            raise ChannelError(
+                NOT_FOUND, f"no exchange '{ev.exchange}' in vhost '{vh.name}'", (60, 40)
+            )
         if ex.internal:
-            raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange "
-                               f"'{ev.exchange}' in vhost '{vh.name}'", (60, 40))
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"cannot publish to internal exchange '{ev.exchange}' in vhost '{vh.name}'",
+                (60, 40),
+            )
         clock = self.clock
         try:
-            msg = Message.from_publish(next_message_id(), ev.exchange, ev.routing_key,
-                                       ev.properties, ev.body, ev.body_size, clock.monotonic(),
-                                       clock.time())
+            msg = Message.from_publish(
+                next_message_id(),
+                ev.exchange,
+                ev.routing_key,
+                ev.properties,
+                ev.body,
+                ev.body_size,
+                clock.monotonic(),
+                clock.time(),
+            )
         except PropertiesError as exc:
             raise ChannelError(PRECONDITION_FAILED, str(exc), (60, 40)) from None
         seq = 0
@@ -1024,20 +1190,30 @@ class Connection:
             if seq:
                 if msg.stored:  # held on disk by a durable exchange: confirm once written
                     vh.store.after_durable(
-                        lambda: self._confirm(ch, seq) if not ch.closing else None)
+                        lambda: self._confirm(ch, seq) if not ch.closing else None
+                    )
                 else:
                     self.send(ch.id, "basic.ack", seq, False)
             return
         h = self.broker.hooks.message_published
         if h is not None:
-            h(vhost=vh.name, exchange=ev.exchange, routing_key=ev.routing_key, message=msg,
-              queues=tuple(q.name for q in queues))
+            h(
+                vhost=vh.name,
+                exchange=ev.exchange,
+                routing_key=ev.routing_key,
+                message=msg,
+                queues=tuple(q.name for q in queues),
+            )
         if not queues:
             if ev.mandatory:
-                self.out.append(self.codec.encode_method(ch.id, "basic.return", NO_ROUTE,
-                                                         "NO_ROUTE", ev.exchange, ev.routing_key))
-                self.out.append(self.codec.encode_content(ch.id, ev.body_size, ev.properties,
-                                                          ev.body))
+                self.out.append(
+                    self.codec.encode_method(
+                        ch.id, "basic.return", NO_ROUTE, "NO_ROUTE", ev.exchange, ev.routing_key
+                    )
+                )
+                self.out.append(
+                    self.codec.encode_content(ch.id, ev.body_size, ev.properties, ev.body)
+                )
                 self.want_flush()
             if seq:
                 self.send(ch.id, "basic.ack", seq, False)
@@ -1047,8 +1223,7 @@ class Connection:
             if refused:
                 self.send(ch.id, "basic.nack", seq, False, False)
             elif msg.persistent and vh.store.durable and any(q.durable for q in taken):
-                vh.store.after_durable(
-                    lambda: self._confirm(ch, seq) if not ch.closing else None)
+                vh.store.after_durable(lambda: self._confirm(ch, seq) if not ch.closing else None)
             else:
                 self.send(ch.id, "basic.ack", seq, False)
 
@@ -1060,24 +1235,29 @@ class Connection:
 
     def _confirm_select(self, ch: Channel, a: tuple[Any, ...]) -> None:
         if ch.tx:
-            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode",
-                               (85, 10))
+            raise ChannelError(
+                PRECONDITION_FAILED, "cannot switch from tx to confirm mode", (85, 10)
+            )
         ch.confirm = True
         if not a[0]:
             self.send(ch.id, "confirm.select_ok")
 
     def _tx_select(self, ch: Channel, a: tuple[Any, ...]) -> None:
         if ch.confirm:
-            raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode",
-                               (90, 10))
+            raise ChannelError(
+                PRECONDITION_FAILED, "cannot switch from confirm to tx mode", (90, 10)
+            )
         ch.tx = True
         self.send(ch.id, "tx.select_ok")
 
     def _tx_check_tag(self, ch: Channel, tag: int, multiple: bool, sig: tuple[int, int]) -> None:
         if tag == 0 and multiple:
             return
-        if tag not in ch.unacked and tag not in ch.moved and not (
-                multiple and any(t <= tag for t in ch.unacked)):
+        if (
+            tag not in ch.unacked
+            and tag not in ch.moved
+            and not (multiple and any(t <= tag for t in ch.unacked))
+        ):
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", sig)
 
     def _tx_commit(self, ch: Channel, a: tuple[Any, ...]) -> None:
@@ -1095,8 +1275,12 @@ class Connection:
                 self._reject(ch, tag, multiple, requeue, (60, 120))
         if ch.vhost.store.durable:  # commit-ok once the transaction's writes are on disk
             ch.vhost.store.after_durable(
-                lambda: self.send(ch.id, "tx.commit_ok")
-                if self.state == OPEN and not ch.closing else None)
+                lambda: (
+                    self.send(ch.id, "tx.commit_ok")
+                    if self.state == OPEN and not ch.closing
+                    else None
+                )
+            )
         else:
             self.send(ch.id, "tx.commit_ok")
 
@@ -1118,5 +1302,11 @@ class Connection:
             self.transport.close()
 
 
-__all__ = ["Channel", "Connection", "MAX_EVENTS_PER_TURN", "REPLY_SUCCESS", "Transport",
-           "UNEXPECTED_FRAME"]
+__all__ = [
+    "MAX_EVENTS_PER_TURN",
+    "REPLY_SUCCESS",
+    "UNEXPECTED_FRAME",
+    "Channel",
+    "Connection",
+    "Transport",
+]

@@ -63,10 +63,14 @@ class DeadLetterPlugin:
         if name in vh.queues or name == queue:
             return
         self._made.add((vhost, name))
-        vh.declare_queue(name, durable=durable, arguments={
-            "x-retry-target": queue,
-            "x-retry-levels": [int(round(s * 1000)) for s in cfg.retry.levels],
-        })
+        vh.declare_queue(
+            name,
+            durable=durable,
+            arguments={
+                "x-retry-target": queue,
+                "x-retry-levels": [round(s * 1000) for s in cfg.retry.levels],
+            },
+        )
         log.info("retry queue '%s' in vhost '%s' declared for queue '%s'", name, vhost, queue)
 
     # ------------------------------------------------------------------ hooks
@@ -83,8 +87,9 @@ class DeadLetterPlugin:
             self._retry_queue_for(vhost, queue, durable)
 
     @hookimpl(trylast=True)
-    def broker_queue_declared(self, vhost: str, queue: str, durable: bool,
-                              arguments: dict[str, Any]) -> None:
+    def broker_queue_declared(
+        self, vhost: str, queue: str, durable: bool, arguments: dict[str, Any]
+    ) -> None:
         if "x-retry-target" in arguments:
             self._made.add((vhost, queue))
             return
@@ -103,8 +108,9 @@ class DeadLetterPlugin:
         return cfg.max_redeliveries if cfg is not None else None
 
     @hookimpl(trylast=True)
-    def broker_redelivery_delay(self, vhost: str, queue: str, message: Any,
-                                delivery_count: int) -> float | None:
+    def broker_redelivery_delay(
+        self, vhost: str, queue: str, message: Any, delivery_count: int
+    ) -> float | None:
         cfg = self.config(vhost, queue)
         if cfg is None or cfg.backoff is None:
             return None
@@ -125,8 +131,9 @@ class DeadLetterPlugin:
         return reg.backoff(name)
 
     @hookimpl(trylast=True)
-    def broker_dead_letter_target(self, vhost: str, queue: str, message: Any,
-                                  reason: str) -> DeadLetterTarget | None:
+    def broker_dead_letter_target(
+        self, vhost: str, queue: str, message: Any, reason: str
+    ) -> DeadLetterTarget | None:
         cfg = self.config(vhost, queue)
         if cfg is None:
             return None
@@ -134,9 +141,12 @@ class DeadLetterPlugin:
         if dlq == queue:
             return None
         self._made.add((vhost, dlq))
-        return DeadLetterTarget(exchange="", routing_key=dlq,
-                                headers=dead_letter_headers(message, queue, vhost),
-                                declare_queue=dlq)
+        return DeadLetterTarget(
+            exchange="",
+            routing_key=dlq,
+            headers=dead_letter_headers(message, queue, vhost),
+            declare_queue=dlq,
+        )
 
 
 def dead_letter_headers(message: Any, queue: str, vhost: str) -> dict[str, Any]:

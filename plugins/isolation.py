@@ -54,19 +54,36 @@ def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:
     cap = cfg.max_isolated(len(consumers))
     room = cap - sum(1 for c in consumers if c.isolated)
     actions: list[Action] = []
-    for since, c in overdue[:max(room, 0)]:
-        actions.append(IsolateConsumer(
-            vhost=q.vhost, queue=q.name, policy=POLICY,
-            reason=f"no ack for {now - since:.3f} s with {c.unacked} unacked",
-            threshold="ackTimeout", configured=timeout, measured=round(now - since, 3),
-            consumer_tag=c.tag, connection_id=c.connection_id))
-    for since, c in overdue[max(room, 0):]:
-        actions.append(Spared(
-            vhost=q.vhost, queue=q.name, policy=POLICY,
-            reason=(f"consumer {c.tag} (connection {c.connection_id}) is over its ack timeout "
+    for since, c in overdue[: max(room, 0)]:
+        actions.append(
+            IsolateConsumer(
+                vhost=q.vhost,
+                queue=q.name,
+                policy=POLICY,
+                reason=f"no ack for {now - since:.3f} s with {c.unacked} unacked",
+                threshold="ackTimeout",
+                configured=timeout,
+                measured=round(now - since, 3),
+                consumer_tag=c.tag,
+                connection_id=c.connection_id,
+            )
+        )
+    for since, c in overdue[max(room, 0) :]:
+        actions.append(
+            Spared(
+                vhost=q.vhost,
+                queue=q.name,
+                policy=POLICY,
+                reason=(
+                    f"consumer {c.tag} (connection {c.connection_id}) is over its ack timeout "
                     f"but the cap held: {cap} of {len(consumers)} consumers may be isolated "
-                    f"(maxIsolatedRatio {cfg.max_isolated_ratio:g})"),
-            threshold="ackTimeout", configured=timeout, measured=round(now - since, 3)))
+                    f"(maxIsolatedRatio {cfg.max_isolated_ratio:g})"
+                ),
+                threshold="ackTimeout",
+                configured=timeout,
+                measured=round(now - since, 3),
+            )
+        )
     return actions
 
 
@@ -78,8 +95,7 @@ def evaluate(snapshot: Snapshot, state: dict[Any, Any] | None = None) -> list[Ac
     """
     now = snapshot.taken_at
     actions: list[Action] = []
-    reported: set[tuple[str, str, str]] = state.get("capped", set()) if state is not None \
-        else set()
+    reported: set[tuple[str, str, str]] = state.get("capped", set()) if state is not None else set()
     still: set[tuple[str, str, str]] = set()
     for q in snapshot.queues:
         pol = q.policy

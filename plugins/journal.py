@@ -68,9 +68,9 @@ METADATA_KEY = b"plugbroker.journal.schema_version"
 #: Every column, in file order. ``docs/analyze.md`` says what each event puts where.
 FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("schema_version", pa.int16()),
-    ("ts_us", pa.int64()),          # wall clock, microseconds since the epoch (UTC)
-    ("seq", pa.int64()),            # order of the event within its run (hook call order)
-    ("run", pa.string()),           # one id per journal start (broker start or reload)
+    ("ts_us", pa.int64()),  # wall clock, microseconds since the epoch (UTC)
+    ("seq", pa.int64()),  # order of the event within its run (hook call order)
+    ("run", pa.string()),  # one id per journal start (broker start or reload)
     ("event", pa.string()),
     ("vhost", pa.string()),
     ("queue", pa.string()),
@@ -79,7 +79,7 @@ FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("consumer_tag", pa.string()),
     ("connection_id", pa.string()),
     ("channel_id", pa.int32()),
-    ("message_id", pa.int64()),     # the broker's message.id (same in every queue it went to)
+    ("message_id", pa.int64()),  # the broker's message.id (same in every queue it went to)
     ("delivery_tag", pa.int64()),
     ("body_size", pa.int64()),
     ("delivery_count", pa.int32()),
@@ -100,51 +100,147 @@ FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("measured", pa.float64()),
     ("outcome", pa.string()),
 )
-SCHEMA = pa.schema([pa.field(n, t) for n, t in FIELDS],
-                   metadata={METADATA_KEY: str(SCHEMA_VERSION).encode()})
+SCHEMA = pa.schema(
+    [pa.field(n, t) for n, t in FIELDS], metadata={METADATA_KEY: str(SCHEMA_VERSION).encode()}
+)
 _TYPES = dict(FIELDS)
 
 # Event kinds: the small int the hot path stores, the event name, and the columns that follow
 # ``(kind, time)`` in the buffered tuple. ``published`` is expanded to one row per queue.
 PUBLISHED, DELIVERED, ACKED, REJECTED, REDELIVERED, DEAD_LETTERED, EXPIRED, DROPPED = range(8)
-(CONSUMER_ADDED, CONSUMER_REMOVED, CONSUMER_ISOLATED, CONSUMER_RELEASED, POLICY_ACTION,
- QUEUE_DECLARED, QUEUE_DELETED, QUEUE_BOUND, QUEUE_UNBOUND, CONNECTION_OPENED,
- CONNECTION_CLOSED, JOURNAL_STARTED, JOURNAL_STOPPED, JOURNAL_DROPPED) = range(8, 22)
+(
+    CONSUMER_ADDED,
+    CONSUMER_REMOVED,
+    CONSUMER_ISOLATED,
+    CONSUMER_RELEASED,
+    POLICY_ACTION,
+    QUEUE_DECLARED,
+    QUEUE_DELETED,
+    QUEUE_BOUND,
+    QUEUE_UNBOUND,
+    CONNECTION_OPENED,
+    CONNECTION_CLOSED,
+    JOURNAL_STARTED,
+    JOURNAL_STOPPED,
+    JOURNAL_DROPPED,
+) = range(8, 22)
 
 LAYOUTS: dict[int, tuple[str, tuple[str, ...]]] = {
-    PUBLISHED: ("published", ("vhost", "exchange", "routing_key", "message_id", "body_size",
-                              "queue", "reason")),
-    DELIVERED: ("delivered", ("vhost", "queue", "consumer_tag", "connection_id", "channel_id",
-                              "delivery_tag", "message_id", "body_size", "delivery_count",
-                              "redelivered", "no_ack")),
-    ACKED: ("acked", ("vhost", "queue", "consumer_tag", "connection_id", "channel_id",
-                      "message_id", "body_size", "delivery_count")),
-    REJECTED: ("rejected", ("vhost", "queue", "consumer_tag", "connection_id", "channel_id",
-                            "message_id", "body_size", "delivery_count", "requeue")),
-    REDELIVERED: ("redelivered", ("vhost", "queue", "message_id", "body_size", "delivery_count",
-                                  "reason")),
-    DEAD_LETTERED: ("dead_lettered", ("vhost", "queue", "message_id", "body_size",
-                                      "delivery_count", "reason", "exchange", "routing_key")),
+    PUBLISHED: (
+        "published",
+        ("vhost", "exchange", "routing_key", "message_id", "body_size", "queue", "reason"),
+    ),
+    DELIVERED: (
+        "delivered",
+        (
+            "vhost",
+            "queue",
+            "consumer_tag",
+            "connection_id",
+            "channel_id",
+            "delivery_tag",
+            "message_id",
+            "body_size",
+            "delivery_count",
+            "redelivered",
+            "no_ack",
+        ),
+    ),
+    ACKED: (
+        "acked",
+        (
+            "vhost",
+            "queue",
+            "consumer_tag",
+            "connection_id",
+            "channel_id",
+            "message_id",
+            "body_size",
+            "delivery_count",
+        ),
+    ),
+    REJECTED: (
+        "rejected",
+        (
+            "vhost",
+            "queue",
+            "consumer_tag",
+            "connection_id",
+            "channel_id",
+            "message_id",
+            "body_size",
+            "delivery_count",
+            "requeue",
+        ),
+    ),
+    REDELIVERED: (
+        "redelivered",
+        ("vhost", "queue", "message_id", "body_size", "delivery_count", "reason"),
+    ),
+    DEAD_LETTERED: (
+        "dead_lettered",
+        (
+            "vhost",
+            "queue",
+            "message_id",
+            "body_size",
+            "delivery_count",
+            "reason",
+            "exchange",
+            "routing_key",
+        ),
+    ),
     EXPIRED: ("expired", ("vhost", "queue", "message_id", "body_size", "delivery_count")),
-    DROPPED: ("dropped", ("vhost", "queue", "message_id", "body_size", "delivery_count",
-                          "reason")),
-    CONSUMER_ADDED: ("consumer_added", ("vhost", "queue", "consumer_tag", "connection_id",
-                                        "channel_id", "no_ack", "count", "exclusive",
-                                        "reason")),
-    CONSUMER_REMOVED: ("consumer_removed", ("vhost", "queue", "consumer_tag", "connection_id",
-                                            "channel_id", "reason")),
-    CONSUMER_ISOLATED: ("consumer_isolated", ("vhost", "queue", "consumer_tag", "connection_id",
-                                              "measured", "count")),
-    CONSUMER_RELEASED: ("consumer_released", ("vhost", "queue", "consumer_tag", "connection_id",
-                                              "reason")),
-    POLICY_ACTION: ("policy_action", ("vhost", "queue", "policy", "action", "reason",
-                                      "threshold", "configured", "measured", "outcome",
-                                      "consumer_tag", "connection_id", "code")),
-    QUEUE_DECLARED: ("queue_declared", ("vhost", "queue", "durable", "exclusive", "auto_delete",
-                                        "detail", "reason")),
+    DROPPED: ("dropped", ("vhost", "queue", "message_id", "body_size", "delivery_count", "reason")),
+    CONSUMER_ADDED: (
+        "consumer_added",
+        (
+            "vhost",
+            "queue",
+            "consumer_tag",
+            "connection_id",
+            "channel_id",
+            "no_ack",
+            "count",
+            "exclusive",
+            "reason",
+        ),
+    ),
+    CONSUMER_REMOVED: (
+        "consumer_removed",
+        ("vhost", "queue", "consumer_tag", "connection_id", "channel_id", "reason"),
+    ),
+    CONSUMER_ISOLATED: (
+        "consumer_isolated",
+        ("vhost", "queue", "consumer_tag", "connection_id", "measured", "count"),
+    ),
+    CONSUMER_RELEASED: (
+        "consumer_released",
+        ("vhost", "queue", "consumer_tag", "connection_id", "reason"),
+    ),
+    POLICY_ACTION: (
+        "policy_action",
+        (
+            "vhost",
+            "queue",
+            "policy",
+            "action",
+            "reason",
+            "threshold",
+            "configured",
+            "measured",
+            "outcome",
+            "consumer_tag",
+            "connection_id",
+            "code",
+        ),
+    ),
+    QUEUE_DECLARED: (
+        "queue_declared",
+        ("vhost", "queue", "durable", "exclusive", "auto_delete", "detail", "reason"),
+    ),
     QUEUE_DELETED: ("queue_deleted", ("vhost", "queue", "reason")),
-    QUEUE_BOUND: ("queue_bound", ("vhost", "queue", "exchange", "routing_key", "detail",
-                                  "reason")),
+    QUEUE_BOUND: ("queue_bound", ("vhost", "queue", "exchange", "routing_key", "detail", "reason")),
     QUEUE_UNBOUND: ("queue_unbound", ("vhost", "queue", "exchange", "routing_key")),
     CONNECTION_OPENED: ("connection_opened", ("connection_id", "detail", "reason", "vhost")),
     CONNECTION_CLOSED: ("connection_closed", ("connection_id", "code", "reason")),
@@ -174,10 +270,18 @@ class Journal:
     :param roll_seconds: a file is closed after being open this long (bounds crash loss).
     """
 
-    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time,
-                 max_buffer: int = 1_000_000, batch_rows: int = 65_536,
-                 flush_interval: float = 1.0, roll_bytes: int = 64 * 1024 * 1024,
-                 roll_seconds: float = 300.0, compression: str = "zstd") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_buffer: int = 1_000_000,
+        batch_rows: int = 65_536,
+        flush_interval: float = 1.0,
+        roll_bytes: int = 64 * 1024 * 1024,
+        roll_seconds: float = 300.0,
+        compression: str = "zstd",
+    ) -> None:
         self.path = Path(path)
         self.clock = clock
         self.max_buffer = max_buffer
@@ -228,16 +332,22 @@ class Journal:
         self.path.mkdir(parents=True, exist_ok=True)
         leftovers = [p for p in self.path.rglob(".*.parquet")]
         if leftovers:
-            log.warning("journal %s: %d hidden file(s) left by a broker that did not shut down "
-                        "cleanly (unreadable, ignored by readers): %s", self.path, len(leftovers),
-                        ", ".join(str(p) for p in leftovers[:5]))
+            log.warning(
+                "journal %s: %d hidden file(s) left by a broker that did not shut down "
+                "cleanly (unreadable, ignored by readers): %s",
+                self.path,
+                len(leftovers),
+                ", ".join(str(p) for p in leftovers[:5]),
+            )
         self.buffer.append((JOURNAL_STARTED, self.clock(), f"pid={os.getpid()}", SCHEMA_VERSION))
-        self._thread = threading.Thread(target=self._run, name=f"journal-writer-{self.run}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"journal-writer-{self.run}", daemon=True
+        )
         self._thread.start()
         _OPEN.add(self)
-        log.info("journal writing to %s (run %s, schema version %d)", self.path, self.run,
-                 SCHEMA_VERSION)
+        log.info(
+            "journal writing to %s (run %s, schema version %d)", self.path, self.run, SCHEMA_VERSION
+        )
         return self
 
     def position(self) -> int:
@@ -262,14 +372,25 @@ class Journal:
         if self._thread is not None:
             self._thread.join(timeout)
         with self._lock:
-            self.buffer.append((JOURNAL_STOPPED, self.clock(), self.dropped,
-                                f"written={self.written + len(self.buffer) + self._pending_rows}"))
+            self.buffer.append(
+                (
+                    JOURNAL_STOPPED,
+                    self.clock(),
+                    self.dropped,
+                    f"written={self.written + len(self.buffer) + self._pending_rows}",
+                )
+            )
             self._drain()
             self._write_pending()
             self._close_file()
         _OPEN.discard(self)
-        log.info("journal %s closed: %d events written, %d dropped, %d file(s)", self.path,
-                 self.written, self.dropped, len(self.files))
+        log.info(
+            "journal %s closed: %d events written, %d dropped, %d file(s)",
+            self.path,
+            self.written,
+            self.dropped,
+            len(self.files),
+        )
 
     # -- the writer thread ------------------------------------------------------------------------
 
@@ -284,17 +405,20 @@ class Journal:
                     self._drain()
                     now = time.monotonic()
                     if self._pending_rows and (
-                            self._pending_rows >= self.batch_rows
-                            or (self._pending_since is not None
-                                and now - self._pending_since >= 5 * self.flush_interval)):
+                        self._pending_rows >= self.batch_rows
+                        or (
+                            self._pending_since is not None
+                            and now - self._pending_since >= 5 * self.flush_interval
+                        )
+                    ):
                         self._write_pending()
-                    if (self._writer is not None
-                            and now - self._file_opened >= self.roll_seconds):
+                    if self._writer is not None and now - self._file_opened >= self.roll_seconds:
                         self._write_pending()
                         self._close_file()
             except Exception:  # never let the writer die silently
-                log.exception("journal %s: writing failed; retrying in %gs", self.path,
-                              self.flush_interval)
+                log.exception(
+                    "journal %s: writing failed; retrying in %gs", self.path, self.flush_interval
+                )
 
     def _drain(self) -> None:
         buf = self.buffer
@@ -306,9 +430,14 @@ class Journal:
             now = time.monotonic()
             if now - self._last_drop_log >= 10.0 or self._stop.is_set():
                 self._last_drop_log = now
-                log.warning("journal %s: the writer fell behind, %d event(s) dropped (%d in all); "
-                            "the buffer holds at most %d", self.path, lost, dropped,
-                            self.max_buffer)
+                log.warning(
+                    "journal %s: the writer fell behind, %d event(s) dropped (%d in all); "
+                    "the buffer holds at most %d",
+                    self.path,
+                    lost,
+                    dropped,
+                    self.max_buffer,
+                )
             buf.append((JOURNAL_DROPPED, self.clock(), lost))
             n += 1
         if not n:
@@ -347,8 +476,9 @@ class Journal:
             table = table.take(pc.sort_indices(table.column("seq")))
         return table
 
-    def _kind_table(self, name: str, layout: tuple[str, ...], rows: Sequence[tuple[Any, ...]],
-                    seq: list[int]) -> pa.Table:
+    def _kind_table(
+        self, name: str, layout: tuple[str, ...], rows: Sequence[tuple[Any, ...]], seq: list[int]
+    ) -> pa.Table:
         n = len(rows)
         # one column at a time (zip(*rows) costs several times more on large batches)
         given = {name: list(map(itemgetter(i), rows)) for i, name in enumerate(layout, start=2)}
@@ -424,8 +554,9 @@ class Journal:
         self._file_hour = None
 
 
-def _expand_published(rows: Sequence[tuple[Any, ...]], seqs: Sequence[int]
-                      ) -> tuple[list[tuple[Any, ...]], list[int]]:
+def _expand_published(
+    rows: Sequence[tuple[Any, ...]], seqs: Sequence[int]
+) -> tuple[list[tuple[Any, ...]], list[int]]:
     """One row per queue a message was routed to (one row with no queue if unroutable)."""
     out: list[tuple[Any, ...]] = []
     out_seq: list[int] = []
@@ -484,105 +615,271 @@ class Recorder:
     # -- per message (hot path: every method is one append) ----------------------------------------
 
     @hookimpl(trylast=True)
-    def broker_message_published(self, vhost: str, exchange: str, routing_key: str,
-                                 message: Any, queues: tuple[str, ...]) -> None:
+    def broker_message_published(
+        self, vhost: str, exchange: str, routing_key: str, message: Any, queues: tuple[str, ...]
+    ) -> None:
         buf = self._buf
         if len(buf) < self._max:
-            buf.append((PUBLISHED, self._now(), vhost, exchange, routing_key, message.id,
-                        message.body_size, queues, None))
+            buf.append(
+                (
+                    PUBLISHED,
+                    self._now(),
+                    vhost,
+                    exchange,
+                    routing_key,
+                    message.id,
+                    message.body_size,
+                    queues,
+                    None,
+                )
+            )
         else:
             self.journal.dropped += 1
 
     @hookimpl(trylast=True)
-    def broker_message_delivered(self, vhost: str, queue: str, consumer_tag: str | None,
-                                 connection_id: str, channel_id: int, delivery_tag: int,
-                                 message: Any, redelivered: bool) -> None:
+    def broker_message_delivered(
+        self,
+        vhost: str,
+        queue: str,
+        consumer_tag: str | None,
+        connection_id: str,
+        channel_id: int,
+        delivery_tag: int,
+        message: Any,
+        redelivered: bool,
+    ) -> None:
         buf = self._buf
         if len(buf) < self._max:
             # a no-ack delivery is settled before this hook runs: the queue no longer holds it
             vh = self._vhosts.get(vhost)
             q = vh.queues.get(queue) if vh is not None else None
             no_ack = q is None or message.id not in q.held
-            buf.append((DELIVERED, self._now(), vhost, queue, consumer_tag, connection_id,
-                        channel_id, delivery_tag, message.id, message.body_size,
-                        message.delivery_count, redelivered, no_ack))
+            buf.append(
+                (
+                    DELIVERED,
+                    self._now(),
+                    vhost,
+                    queue,
+                    consumer_tag,
+                    connection_id,
+                    channel_id,
+                    delivery_tag,
+                    message.id,
+                    message.body_size,
+                    message.delivery_count,
+                    redelivered,
+                    no_ack,
+                )
+            )
         else:
             self.journal.dropped += 1
 
     @hookimpl(trylast=True)
-    def broker_message_acked(self, vhost: str, queue: str, consumer_tag: str | None,
-                             connection_id: str, channel_id: int, message: Any) -> None:
+    def broker_message_acked(
+        self,
+        vhost: str,
+        queue: str,
+        consumer_tag: str | None,
+        connection_id: str,
+        channel_id: int,
+        message: Any,
+    ) -> None:
         buf = self._buf
         if len(buf) < self._max:
-            buf.append((ACKED, self._now(), vhost, queue, consumer_tag, connection_id,
-                        channel_id, message.id, message.body_size, message.delivery_count))
+            buf.append(
+                (
+                    ACKED,
+                    self._now(),
+                    vhost,
+                    queue,
+                    consumer_tag,
+                    connection_id,
+                    channel_id,
+                    message.id,
+                    message.body_size,
+                    message.delivery_count,
+                )
+            )
         else:
             self.journal.dropped += 1
 
     @hookimpl(trylast=True)
-    def broker_message_rejected(self, vhost: str, queue: str, consumer_tag: str | None,
-                                connection_id: str, channel_id: int, message: Any,
-                                requeue: bool) -> None:
-        self._put((REJECTED, self._now(), vhost, queue, consumer_tag, connection_id, channel_id,
-                   message.id, message.body_size, message.delivery_count, requeue))
+    def broker_message_rejected(
+        self,
+        vhost: str,
+        queue: str,
+        consumer_tag: str | None,
+        connection_id: str,
+        channel_id: int,
+        message: Any,
+        requeue: bool,
+    ) -> None:
+        self._put(
+            (
+                REJECTED,
+                self._now(),
+                vhost,
+                queue,
+                consumer_tag,
+                connection_id,
+                channel_id,
+                message.id,
+                message.body_size,
+                message.delivery_count,
+                requeue,
+            )
+        )
 
     @hookimpl(trylast=True)
-    def broker_message_redelivered(self, vhost: str, queue: str, message: Any,
-                                   delivery_count: int, reason: str) -> None:
-        self._put((REDELIVERED, self._now(), vhost, queue, message.id, message.body_size,
-                   delivery_count, reason))
+    def broker_message_redelivered(
+        self, vhost: str, queue: str, message: Any, delivery_count: int, reason: str
+    ) -> None:
+        self._put(
+            (
+                REDELIVERED,
+                self._now(),
+                vhost,
+                queue,
+                message.id,
+                message.body_size,
+                delivery_count,
+                reason,
+            )
+        )
 
     @hookimpl(trylast=True)
-    def broker_message_dead_lettered(self, vhost: str, queue: str, message: Any, reason: str,
-                                     exchange: str, routing_key: str) -> None:
-        self._put((DEAD_LETTERED, self._now(), vhost, queue, message.id, message.body_size,
-                   message.delivery_count, reason, exchange, routing_key))
+    def broker_message_dead_lettered(
+        self, vhost: str, queue: str, message: Any, reason: str, exchange: str, routing_key: str
+    ) -> None:
+        self._put(
+            (
+                DEAD_LETTERED,
+                self._now(),
+                vhost,
+                queue,
+                message.id,
+                message.body_size,
+                message.delivery_count,
+                reason,
+                exchange,
+                routing_key,
+            )
+        )
 
     @hookimpl(trylast=True)
     def broker_message_expired(self, vhost: str, queue: str, message: Any) -> None:
-        self._put((EXPIRED, self._now(), vhost, queue, message.id, message.body_size,
-                   message.delivery_count))
+        self._put(
+            (
+                EXPIRED,
+                self._now(),
+                vhost,
+                queue,
+                message.id,
+                message.body_size,
+                message.delivery_count,
+            )
+        )
 
     @hookimpl(trylast=True)
     def broker_message_dropped(self, vhost: str, queue: str, message: Any, reason: str) -> None:
-        self._put((DROPPED, self._now(), vhost, queue, message.id, message.body_size,
-                   message.delivery_count, reason))
+        self._put(
+            (
+                DROPPED,
+                self._now(),
+                vhost,
+                queue,
+                message.id,
+                message.body_size,
+                message.delivery_count,
+                reason,
+            )
+        )
 
-    # -- consumers, queues, connections, policies -----------------------------------------------------
+    # -- consumers, queues, connections, policies ---------------------------------------------
 
     @hookimpl(trylast=True)
-    def broker_consumer_added(self, vhost: str, queue: str, consumer_tag: str,
-                              connection_id: str, channel_id: int) -> None:
+    def broker_consumer_added(
+        self, vhost: str, queue: str, consumer_tag: str, connection_id: str, channel_id: int
+    ) -> None:
         c = self._consumer(vhost, queue, consumer_tag, connection_id)
-        self._put((CONSUMER_ADDED, self._now(), vhost, queue, consumer_tag, connection_id,
-                   channel_id, getattr(c, "no_ack", None), getattr(c, "prefetch", None),
-                   getattr(c, "exclusive", None), None))
+        self._put(
+            (
+                CONSUMER_ADDED,
+                self._now(),
+                vhost,
+                queue,
+                consumer_tag,
+                connection_id,
+                channel_id,
+                getattr(c, "no_ack", None),
+                getattr(c, "prefetch", None),
+                getattr(c, "exclusive", None),
+                None,
+            )
+        )
 
     @hookimpl(trylast=True)
-    def broker_consumer_removed(self, vhost: str, queue: str, consumer_tag: str,
-                                connection_id: str, channel_id: int, reason: str) -> None:
-        self._put((CONSUMER_REMOVED, self._now(), vhost, queue, consumer_tag, connection_id,
-                   channel_id, reason))
+    def broker_consumer_removed(
+        self,
+        vhost: str,
+        queue: str,
+        consumer_tag: str,
+        connection_id: str,
+        channel_id: int,
+        reason: str,
+    ) -> None:
+        self._put(
+            (
+                CONSUMER_REMOVED,
+                self._now(),
+                vhost,
+                queue,
+                consumer_tag,
+                connection_id,
+                channel_id,
+                reason,
+            )
+        )
 
     @hookimpl(trylast=True)
-    def broker_consumer_isolated(self, vhost: str, queue: str, consumer_tag: str,
-                                 connection_id: str, last_ack_age: float, moved: int) -> None:
-        self._put((CONSUMER_ISOLATED, self._now(), vhost, queue, consumer_tag, connection_id,
-                   float(last_ack_age), moved))
+    def broker_consumer_isolated(
+        self,
+        vhost: str,
+        queue: str,
+        consumer_tag: str,
+        connection_id: str,
+        last_ack_age: float,
+        moved: int,
+    ) -> None:
+        self._put(
+            (
+                CONSUMER_ISOLATED,
+                self._now(),
+                vhost,
+                queue,
+                consumer_tag,
+                connection_id,
+                float(last_ack_age),
+                moved,
+            )
+        )
 
     @hookimpl(trylast=True)
-    def broker_consumer_released(self, vhost: str, queue: str, consumer_tag: str,
-                                 connection_id: str, reason: str) -> None:
-        self._put((CONSUMER_RELEASED, self._now(), vhost, queue, consumer_tag, connection_id,
-                   reason))
+    def broker_consumer_released(
+        self, vhost: str, queue: str, consumer_tag: str, connection_id: str, reason: str
+    ) -> None:
+        self._put(
+            (CONSUMER_RELEASED, self._now(), vhost, queue, consumer_tag, connection_id, reason)
+        )
 
     @hookimpl(trylast=True)
     def broker_policy_action(self, action: Action, outcome: str) -> None:
         self._put(action_event(self._now(), action, outcome))
 
     @hookimpl(trylast=True)
-    def broker_queue_declared(self, vhost: str, queue: str, durable: bool,
-                              arguments: dict[str, Any]) -> None:
+    def broker_queue_declared(
+        self, vhost: str, queue: str, durable: bool, arguments: dict[str, Any]
+    ) -> None:
         self._put(self._declared(vhost, queue, durable, None))
 
     @hookimpl(trylast=True)
@@ -591,24 +888,34 @@ class Recorder:
 
     @hookimpl(trylast=True)
     def broker_queue_bound(self, vhost: str, queue: str, exchange: str, routing_key: str) -> None:
-        self._put((QUEUE_BOUND, self._now(), vhost, queue, exchange, routing_key,
-                   self._exchange_type(vhost, exchange), None))
+        self._put(
+            (
+                QUEUE_BOUND,
+                self._now(),
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                self._exchange_type(vhost, exchange),
+                None,
+            )
+        )
 
     @hookimpl(trylast=True)
-    def broker_queue_unbound(self, vhost: str, queue: str, exchange: str,
-                             routing_key: str) -> None:
+    def broker_queue_unbound(self, vhost: str, queue: str, exchange: str, routing_key: str) -> None:
         self._put((QUEUE_UNBOUND, self._now(), vhost, queue, exchange, routing_key))
 
     @hookimpl(trylast=True)
-    def broker_connection_opened(self, connection_id: str, peer: str, user: str,
-                                 vhost: str) -> None:
+    def broker_connection_opened(
+        self, connection_id: str, peer: str, user: str, vhost: str
+    ) -> None:
         self._put((CONNECTION_OPENED, self._now(), connection_id, peer, user, vhost))
 
     @hookimpl(trylast=True)
     def broker_connection_closed(self, connection_id: str, code: int, text: str) -> None:
         self._put((CONNECTION_CLOSED, self._now(), connection_id, code, text))
 
-    # -- helpers (off the per-message path) -----------------------------------------------------------
+    # -- helpers (off the per-message path) ---------------------------------------------------
 
     def _consumer(self, vhost: str, queue: str, tag: str, connection_id: str) -> Any:
         vh = self._vhosts.get(vhost)
@@ -618,13 +925,22 @@ class Recorder:
                 return c
         return None
 
-    def _declared(self, vhost: str, queue: str, durable: bool, reason: str | None
-                  ) -> tuple[Any, ...]:
+    def _declared(
+        self, vhost: str, queue: str, durable: bool, reason: str | None
+    ) -> tuple[Any, ...]:
         vh = self._vhosts.get(vhost)
         q = vh.queues.get(queue) if vh is not None else None
-        return (QUEUE_DECLARED, self._now(), vhost, queue, durable,
-                getattr(q, "exclusive_owner", None) is not None if q is not None else None,
-                getattr(q, "auto_delete", None), getattr(q, "subscription_type", None), reason)
+        return (
+            QUEUE_DECLARED,
+            self._now(),
+            vhost,
+            queue,
+            durable,
+            getattr(q, "exclusive_owner", None) is not None if q is not None else None,
+            getattr(q, "auto_delete", None),
+            getattr(q, "subscription_type", None),
+            reason,
+        )
 
     def _exchange_type(self, vhost: str, exchange: str) -> str | None:
         """The exchange's effective type (the inner type of an x-delayed-message exchange), which
@@ -648,31 +964,80 @@ class Recorder:
                 self._put(self._declared(vname, q.name, q.durable, "existing"))
                 for ex_name, ex_type, key in q.bindings():
                     etype = self._exchange_type(vname, ex_name) or ex_type
-                    self._put((QUEUE_BOUND, now_wall, vname, q.name, ex_name, key, etype,
-                               "existing"))
+                    self._put(
+                        (QUEUE_BOUND, now_wall, vname, q.name, ex_name, key, etype, "existing")
+                    )
                 for m in list(q.held.values()):
                     arrival = now_wall - max(0.0, now_mono - m.arrival)
-                    self._put((PUBLISHED, arrival, vname, m.exchange, m.routing_key, m.id,
-                               m.body_size, (q.name,), "existing"))
+                    self._put(
+                        (
+                            PUBLISHED,
+                            arrival,
+                            vname,
+                            m.exchange,
+                            m.routing_key,
+                            m.id,
+                            m.body_size,
+                            (q.name,),
+                            "existing",
+                        )
+                    )
                 for c in list(q.consumers):
-                    self._put((CONSUMER_ADDED, now_wall, vname, q.name, c.tag,
-                               c.channel.connection_id, c.channel.id, c.no_ack, c.prefetch,
-                               c.exclusive, "existing"))
+                    self._put(
+                        (
+                            CONSUMER_ADDED,
+                            now_wall,
+                            vname,
+                            q.name,
+                            c.tag,
+                            c.channel.connection_id,
+                            c.channel.id,
+                            c.no_ack,
+                            c.prefetch,
+                            c.exclusive,
+                            "existing",
+                        )
+                    )
         for conn in list(broker.connections.values()):
             for ch in list(getattr(conn, "channels", {}).values()):
                 for tag, (m, q, c) in list(getattr(ch, "unacked", {}).items()):
-                    self._put((DELIVERED, now_wall, q.vhost.name, q.name,
-                               c.tag if c is not None else None, conn.id, ch.id, tag, m.id,
-                               m.body_size, m.delivery_count, m.redelivered, False))
+                    self._put(
+                        (
+                            DELIVERED,
+                            now_wall,
+                            q.vhost.name,
+                            q.name,
+                            c.tag if c is not None else None,
+                            conn.id,
+                            ch.id,
+                            tag,
+                            m.id,
+                            m.body_size,
+                            m.delivery_count,
+                            m.redelivered,
+                            False,
+                        )
+                    )
 
 
 def action_event(now: float, action: Any, outcome: str) -> tuple[Any, ...]:
     """The journal tuple of a policy action (also used by the backtest for its own actions)."""
-    return (POLICY_ACTION, now, action.vhost, action.queue, action.policy,
-            type(action).__name__, action.reason, action.threshold or None,
-            _float(action.configured), _float(action.measured), outcome,
-            getattr(action, "consumer_tag", None) or None,
-            getattr(action, "connection_id", None) or None, getattr(action, "code", None))
+    return (
+        POLICY_ACTION,
+        now,
+        action.vhost,
+        action.queue,
+        action.policy,
+        type(action).__name__,
+        action.reason,
+        action.threshold or None,
+        _float(action.configured),
+        _float(action.measured),
+        outcome,
+        getattr(action, "consumer_tag", None) or None,
+        getattr(action, "connection_id", None) or None,
+        getattr(action, "code", None),
+    )
 
 
 def _float(v: Any) -> float | None:

@@ -18,7 +18,8 @@ A policy is a callable ``policy(trigger) -> list[Action]`` (see :class:`broker.p
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from broker.errors import RESOURCE_ERROR, SLOW_CONSUMER_TEXT
 from broker.hookimpl import hookimpl
@@ -39,8 +40,9 @@ log = logging.getLogger("plugins.slow_consumer")
 JOB_NAME = "slow-consumer"
 
 
-def measure(cfg: Any, queue: QueueView, now: float,
-            previous: tuple[int, float] | None) -> tuple[Breach, ...]:
+def measure(
+    cfg: Any, queue: QueueView, now: float, previous: tuple[int, float] | None
+) -> tuple[Breach, ...]:
     """The thresholds of ``cfg`` (a ``<consumer>`` section) that ``queue`` exceeds.
 
     :param previous: ``(acks_total, taken_at)`` from the previous check of this queue, for the
@@ -65,8 +67,11 @@ def measure(cfg: Any, queue: QueueView, now: float,
     return tuple(out)
 
 
-def evaluate(snapshot: Snapshot, state: dict[Any, Any],
-             policy_for: Callable[[str], Callable[[Trigger], list[Action]]]) -> list[Action]:
+def evaluate(
+    snapshot: Snapshot,
+    state: dict[Any, Any],
+    policy_for: Callable[[str], Callable[[Trigger], list[Action]]],
+) -> list[Action]:
     """Check every queue a ``<consumer>`` element applies to; return the policies' actions.
 
     ``state["rates"]`` keeps each queue's ``(acks_total, taken_at)`` from the previous check
@@ -92,9 +97,11 @@ def evaluate(snapshot: Snapshot, state: dict[Any, Any],
         max_age = cfg.message_age
         floor = cfg.consumption_rate
         oldest = q.oldest_arrival
-        over = ((depth is not None and q.message_bytes > depth)
-                or (count is not None and q.message_count > count)
-                or (max_age is not None and oldest is not None and now - oldest > max_age))
+        over = (
+            (depth is not None and q.message_bytes > depth)
+            or (count is not None and q.message_count > count)
+            or (max_age is not None and oldest is not None and now - oldest > max_age)
+        )
         if not over and floor is not None and prev is not None and q.ready_count:
             elapsed = now - prev[1]
             over = elapsed > 0 and acks >= prev[0] and (acks - prev[0]) / elapsed < floor
@@ -102,8 +109,9 @@ def evaluate(snapshot: Snapshot, state: dict[Any, Any],
             continue
         breaches = measure(cfg, q, now, prev)
         ref = cfg.policy
-        trigger = Trigger(queue=q, breaches=breaches, options=dict(ref.options), now=now,
-                          policy=ref.name)
+        trigger = Trigger(
+            queue=q, breaches=breaches, options=dict(ref.options), now=now, policy=ref.name
+        )
         actions.extend(policy_for(ref.name)(trigger))
     state["rates"] = rates
     return actions
@@ -121,11 +129,14 @@ def delete_policy(trigger: Trigger) -> list[Action]:
     q = trigger.queue
     fields = trigger.action_fields()
     if q.durable and not _flag(trigger.options, "delete-persistent"):
-        fields["reason"] = (f"{trigger.reason}; durable queue kept, option delete-persistent "
-                            "is not true")
+        fields["reason"] = (
+            f"{trigger.reason}; durable queue kept, option delete-persistent is not true"
+        )
         return [Spared(**fields)]
-    return [CloseConsumerChannels(**fields, code=RESOURCE_ERROR, text=SLOW_CONSUMER_TEXT),
-            DeleteQueue(**fields)]
+    return [
+        CloseConsumerChannels(**fields, code=RESOURCE_ERROR, text=SLOW_CONSUMER_TEXT),
+        DeleteQueue(**fields),
+    ]
 
 
 def log_policy(trigger: Trigger) -> list[Action]:

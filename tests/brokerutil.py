@@ -8,11 +8,11 @@ trigger a housekeeping check without waiting for the scheduler).
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from broker.runner import Running, start_broker
 
@@ -32,17 +32,26 @@ CONFIG_TEMPLATE = """<?xml version="1.0"?>
 """
 
 
-def write_config(directory: Path, vhost: str = "", *, store: bool = False,
-                 plugins: str = "", limits: str = "", period: str = "30000",
-                 name: str = "broker.xml", journal: bool = False,
-                 admin: bool = False) -> Path:
+def write_config(
+    directory: Path,
+    vhost: str = "",
+    *,
+    store: bool = False,
+    plugins: str = "",
+    limits: str = "",
+    period: str = "30000",
+    name: str = "broker.xml",
+    journal: bool = False,
+    admin: bool = False,
+) -> Path:
     store_el = f'<store path="{directory / "store"}"/>' if store else ""
     if journal:
         store_el += f'\n  <journal path="{directory / "journal"}"/>'
     if admin:
         store_el += '\n  <admin host="127.0.0.1" port="0"/>'
-    text = CONFIG_TEMPLATE.format(store=store_el, plugins=plugins, limits=limits, vhost=vhost,
-                                  period=period)
+    text = CONFIG_TEMPLATE.format(
+        store=store_el, plugins=plugins, limits=limits, vhost=vhost, period=period
+    )
     path = directory / name
     path.write_text(text)
     return path
@@ -55,10 +64,10 @@ def drain_until(conn: Any, pred: Callable[[], bool], timeout: float = 3.0) -> No
     while not pred():
         left = deadline - time.monotonic()
         if left <= 0:
-            raise AssertionError("condition not met within %.1f s" % timeout)
+            raise AssertionError(f"condition not met within {timeout:.1f} s")
         try:
             conn.drain_events(timeout=min(left, 0.1))
-        except socket.timeout:
+        except TimeoutError:
             pass
 
 
@@ -68,7 +77,7 @@ def drain_for(conn: Any, seconds: float) -> None:
     while (left := deadline - time.monotonic()) > 0:
         try:
             conn.drain_events(timeout=min(left, 0.1))
-        except socket.timeout:
+        except TimeoutError:
             pass
 
 
@@ -86,7 +95,8 @@ class BrokerThread:
         asyncio.set_event_loop(self.loop)
         try:
             self.running = self.loop.run_until_complete(
-                start_broker(self.config_path, host="127.0.0.1", port=0, **self.kw))
+                start_broker(self.config_path, host="127.0.0.1", port=0, **self.kw)
+            )
         except BaseException as exc:  # reported by start()
             self._error = exc
             self._ready.set()
@@ -118,11 +128,13 @@ class BrokerThread:
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the broker's loop and return its result."""
+
         async def run() -> Any:
             try:
                 return fn(*args)
             finally:
                 self.broker.end_of_turn()
+
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
 
     def stop(self) -> None:

@@ -2,14 +2,15 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from brokerutil import BrokerThread, write_config  # noqa: E402
+from brokerutil import BrokerThread, write_config
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -21,8 +22,7 @@ def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerThread]]:
 
     def start(vhost: str = "", *, config_path: Path | None = None, **kw: Any) -> BrokerThread:
         broker_kw = {k: kw.pop(k) for k in ("clock",) if k in kw}
-        path = config_path or write_config(tmp_path, vhost, name=f"broker{len(started)}.xml",
-                                           **kw)
+        path = config_path or write_config(tmp_path, vhost, name=f"broker{len(started)}.xml", **kw)
         b = BrokerThread(path, **broker_kw).start()
         started.append(b)
         return b

@@ -27,8 +27,9 @@ FRAME_END = b"\xce"
 # ---------------------------------------------------------------- pure frame builders
 
 
-def frame(ftype: int, channel: int, payload: bytes, size: int | None = None,
-          end: bytes = FRAME_END) -> bytes:
+def frame(
+    ftype: int, channel: int, payload: bytes, size: int | None = None, end: bytes = FRAME_END
+) -> bytes:
     """One frame; ``size`` and ``end`` may be overridden to build broken frames."""
     n = len(payload) if size is None else size
     return struct.pack(">BHI", ftype, channel, n) + payload + end
@@ -49,13 +50,15 @@ def raw_method_frame(channel: int, class_id: int, method_id: int, args: bytes = 
     return frame(1, channel, struct.pack(">HH", class_id, method_id) + args)
 
 
-def header_payload(body_size: int, properties: bytes = b"\x00\x00", class_id: int = 60,
-                   weight: int = 0) -> bytes:
+def header_payload(
+    body_size: int, properties: bytes = b"\x00\x00", class_id: int = 60, weight: int = 0
+) -> bytes:
     return struct.pack(">HHQ", class_id, weight, body_size) + properties
 
 
-def header_frame(channel: int, body_size: int, properties: bytes = b"\x00\x00",
-                 class_id: int = 60) -> bytes:
+def header_frame(
+    channel: int, body_size: int, properties: bytes = b"\x00\x00", class_id: int = 60
+) -> bytes:
     return frame(2, channel, header_payload(body_size, properties, class_id))
 
 
@@ -67,21 +70,32 @@ def heartbeat_frame(channel: int = 0) -> bytes:
     return frame(8, channel, b"")
 
 
-def publish_frames(channel: int, exchange: str, routing_key: str, body: bytes,
-                   properties: bytes = b"\x00\x00", *, mandatory: bool = False,
-                   immediate: bool = False, frame_max: int = 131072) -> bytes:
+def publish_frames(
+    channel: int,
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    properties: bytes = b"\x00\x00",
+    *,
+    mandatory: bool = False,
+    immediate: bool = False,
+    frame_max: int = 131072,
+) -> bytes:
     """basic.publish + content header + body frames split at ``frame_max``."""
-    out = [method_frame(channel, "basic.publish", 0, exchange, routing_key, mandatory, immediate),
-           header_frame(channel, len(body), properties)]
+    out = [
+        method_frame(channel, "basic.publish", 0, exchange, routing_key, mandatory, immediate),
+        header_frame(channel, len(body), properties),
+    ]
     room = frame_max - 8
     for i in range(0, len(body), room):
-        out.append(body_frame(channel, body[i:i + room]))
+        out.append(body_frame(channel, body[i : i + room]))
     return b"".join(out)
 
 
 def properties_bytes(**props: Any) -> bytes:
     """Raw basic properties (flags + list) as py-amqp serialises them."""
     from amqp.basic_message import Message
+
     m = Message()
     m.properties = {k: v for k, v in props.items() if v is not None}
     return bytes(m._serialize_properties())
@@ -109,7 +123,7 @@ def parse_frames(data: bytes) -> tuple[list[tuple[int, int, bytes]], bytes]:
             break
         if data[end] != 0xCE:
             raise AssertionError(f"server frame without frame-end at {end}: {data[end]:#x}")
-        frames.append((ftype, channel, bytes(data[pos + 7:end])))
+        frames.append((ftype, channel, bytes(data[pos + 7 : end])))
         pos = end + 1
     return frames, bytes(data[pos:])
 
@@ -150,7 +164,7 @@ class RawClient:
         self.sock.settimeout(left)
         try:
             data = self.sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError("no data from the broker in time") from None
         except ConnectionResetError:
             data = b""
@@ -171,13 +185,14 @@ class RawClient:
         while True:
             frames, _ = parse_frames(self.buf)
             if frames:
-                ftype, channel, payload = frames[0]
-                self.buf = self.buf[8 + len(payload):]
+                _ftype, _channel, payload = frames[0]
+                self.buf = self.buf[8 + len(payload) :]
                 return frames[0]
             self._recv(deadline)
 
-    def read_method(self, timeout: float | None = None,
-                    skip_heartbeats: bool = True) -> tuple[int, str, tuple[Any, ...]]:
+    def read_method(
+        self, timeout: float | None = None, skip_heartbeats: bool = True
+    ) -> tuple[int, str, tuple[Any, ...]]:
         """The next method frame as ``(channel, name, args)`` (content frames are skipped)."""
         while True:
             ftype, channel, payload = self.read_frame(timeout)
@@ -222,16 +237,32 @@ class RawClient:
     def method(self, channel: int, name: str, *args: Any) -> None:
         self.send(method_frame(channel, name, *args))
 
-    def handshake(self, vhost: str = "/", *, frame_max: int | None = None,
-                  heartbeat: int = 0, channel: int | None = 1) -> dict[str, Any]:
+    def handshake(
+        self,
+        vhost: str = "/",
+        *,
+        frame_max: int | None = None,
+        heartbeat: int = 0,
+        channel: int | None = 1,
+    ) -> dict[str, Any]:
         """Protocol header .. connection.open (.. channel.open); returns the tune arguments."""
         self.send(PROTOCOL_HEADER)
         _, start = self.expect("connection.start")
         assert "PLAIN" in start[3].split()
-        self.method(0, "connection.start_ok",
-                    {"product": "rawclient", "capabilities": {
-                        "consumer_cancel_notify": True, "authentication_failure_close": True}},
-                    "PLAIN", plain_response(), "en_US")
+        self.method(
+            0,
+            "connection.start_ok",
+            {
+                "product": "rawclient",
+                "capabilities": {
+                    "consumer_cancel_notify": True,
+                    "authentication_failure_close": True,
+                },
+            },
+            "PLAIN",
+            plain_response(),
+            "en_US",
+        )
         _, (channel_max, server_frame_max, _hb) = self.expect("connection.tune")
         self.frame_max = frame_max or server_frame_max
         self.method(0, "connection.tune_ok", channel_max, self.frame_max, heartbeat)
@@ -249,7 +280,7 @@ class RawClient:
     def expect_connection_close(self, timeout: float | None = None) -> tuple[int, str, int, int]:
         """Read until connection.close; answer close-ok; return its arguments."""
         while True:
-            channel, name, args = self.read_method(timeout)
+            _channel, name, args = self.read_method(timeout)
             if name == "connection.close":
                 try:
                     self.method(0, "connection.close_ok")
@@ -282,6 +313,7 @@ class FakeWire:
 
     def having_timeout(self, timeout: Any) -> Any:
         import contextlib
+
         return contextlib.nullcontext()
 
     def take(self) -> bytes:

@@ -13,7 +13,9 @@ from broker.policy import CloseConsumerChannels, DeleteQueue, LogOnly, SetPrefet
 
 CONFIG = """<broker><virtualhost name="/">
   <exchange name="orders" type="topic"/>
-  <queue name="named"><consumer><messageCount>5</messageCount><policy name="Log"/></consumer></queue>
+  <queue name="named">
+    <consumer><messageCount>5</messageCount><policy name="Log"/></consumer>
+  </queue>
   <topic key="stocks.us.*">
     <consumer><messageCount>50</messageCount><policy name="Delete"/></consumer>
   </topic>
@@ -88,19 +90,21 @@ def test_runner_reload_refuses_an_invalid_file_and_keeps_the_running_config(tmp_
 def test_actions_are_rechecked_before_they_apply(broker):
     vh = broker.vhosts["/"]
     vh.declare_queue("q")
-    outcomes = broker.apply_actions([
-        LogOnly(vhost="/", queue="q", policy="Log", reason="dry run"),
-        SetPrefetch(vhost="/", queue="q", policy="P", reason="r", consumer_tag="nobody"),
-        DeleteQueue(vhost="/", queue="q", policy="Delete", reason="r"),
-        CloseConsumerChannels(vhost="/", queue="q", policy="Delete", reason="r"),
-    ])
+    outcomes = broker.apply_actions(
+        [
+            LogOnly(vhost="/", queue="q", policy="Log", reason="dry run"),
+            SetPrefetch(vhost="/", queue="q", policy="P", reason="r", consumer_tag="nobody"),
+            DeleteQueue(vhost="/", queue="q", policy="Delete", reason="r"),
+            CloseConsumerChannels(vhost="/", queue="q", policy="Delete", reason="r"),
+        ]
+    )
     assert outcomes == ["logged", "stale", "applied", "stale"]
     assert "q" not in vh.queues
 
 
 def test_snapshot_is_running_figures(broker):
     vh = broker.vhosts["/"]
-    q, _ = vh.declare_queue("named")
+    _q, _ = vh.declare_queue("named")
     snap = broker.snapshot()
     [view] = [v for v in snap.queues if v.name == "named"]
     assert (view.message_count, view.message_bytes, view.oldest_arrival) == (0, 0, None)

@@ -164,9 +164,11 @@ def test_broker_level_settings() -> None:
         '<listen host="0.0.0.0" port="0"/>\n'
         '<store path="/var/lib/pb"/>\n'
         '<journal path="events/"/>\n'
-        '<users><user name="a" password="pw" vhosts="/ prod"/><user name="b" password=""/></users>\n'
+        '<users><user name="a" password="pw" vhosts="/ prod"/>'
+        '<user name="b" password=""/></users>\n'
         "<housekeeping><threads>2</threads><period>1.5s</period></housekeeping>\n"
-        '<plugins><plugin>my_company.policies</plugin><plugin enabled="false">slow_consumer</plugin></plugins>\n'
+        "<plugins><plugin>my_company.policies</plugin>"
+        '<plugin enabled="false">slow_consumer</plugin></plugins>\n'
         "<limits><heartbeat>0</heartbeat><frameMax>128KB</frameMax><channelMax>0</channelMax>"
         "<handshakeTimeout>3s</handshakeTimeout><maxMessageSize>1MB</maxMessageSize></limits>\n"
         '<virtualhost name="/"/><virtualhost name="prod">'
@@ -233,7 +235,8 @@ def test_brokerconfig_defaults_without_a_file() -> None:
 def test_misspelled_element_in_section() -> None:
     err = fails(
         wrap(
-            '<topic key="stocks.us.*">\n<consumer>\n<maessageAge>600000</maessageAge>\n<policy name="Delete"/>\n</consumer>\n</topic>'
+            '<topic key="stocks.us.*">\n<consumer>\n<maessageAge>'
+            '600000</maessageAge>\n<policy name="Delete"/>\n</consumer>\n</topic>'
         )
     )
     assert_located(
@@ -249,7 +252,8 @@ def test_seed_typo_is_malformed_xml() -> None:
     """The Qpid design's own example has <maessageAge>...</messageAge>: a syntax error."""
     err = fails(
         wrap(
-            '<topic key="stocks.us.*">\n<consumer>\n<maessageAge>600000</messageAge>\n</consumer>\n</topic>'
+            '<topic key="stocks.us.*">\n<consumer>\n<maessageAge>'
+            "600000</messageAge>\n</consumer>\n</topic>"
         )
     )
     assert_located(err, 5, "maessageAge", "malformed XML", "</messageAge>")
@@ -269,7 +273,8 @@ def test_empty_document() -> None:
 def test_bad_duration() -> None:
     err = fails(
         wrap(
-            '<queue name="q">\n<consumer>\n<messageAge>10 minutes</messageAge>\n<policy name="Log"/></consumer></queue>'
+            '<queue name="q">\n<consumer>\n<messageAge>'
+            '10 minutes</messageAge>\n<policy name="Log"/></consumer></queue>'
         )
     )
     assert str(err) == (
@@ -290,7 +295,8 @@ def test_bad_size() -> None:
 def test_ratio_out_of_range() -> None:
     err = fails(
         wrap(
-            '<queue name="q"><isolation><ackTimeout>5m</ackTimeout>\n\n<maxIsolatedRatio>1.5</maxIsolatedRatio></isolation></queue>'
+            '<queue name="q"><isolation><ackTimeout>5m</ackTimeout>'
+            "\n\n<maxIsolatedRatio>1.5</maxIsolatedRatio></isolation></queue>"
         )
     )
     assert_located(err, 5, "maxIsolatedRatio", "1.5 is too large", "at most 1")
@@ -330,12 +336,14 @@ def test_ratio_out_of_range() -> None:
             "whole number of 0 or more",
         ),
         (
-            '<deadLetter><backoff type="exponential"><min>10s</min><max>1s</max></backoff></deadLetter>',
+            '<deadLetter><backoff type="exponential"><min>'
+            "10s</min><max>1s</max></backoff></deadLetter>",
             "max",
             "smaller than min",
         ),
         (
-            '<deadLetter><backoff type="exponential"><multiplier>0.5</multiplier></backoff></deadLetter>',
+            '<deadLetter><backoff type="exponential">'
+            "<multiplier>0.5</multiplier></backoff></deadLetter>",
             "multiplier",
             "too small",
         ),
@@ -377,12 +385,14 @@ def test_ratio_out_of_range() -> None:
             "greater than 0",
         ),
         (
-            '<consumer><depth>1</depth><policy name="Delete"><options><option name="delete-persistant" value="true"/></options></policy></consumer>',
+            '<consumer><depth>1</depth><policy name="Delete"><options>'
+            '<option name="delete-persistant" value="true"/></options></policy></consumer>',
             "option",
             "not an option of policy Delete",
         ),
         (
-            '<consumer><depth>1</depth><policy name="Delete"><options><option name="delete-persistent" value="yes"/></options></policy></consumer>',
+            '<consumer><depth>1</depth><policy name="Delete"><options>'
+            '<option name="delete-persistent" value="yes"/></options></policy></consumer>',
             "option",
             "takes true or false",
         ),
@@ -398,7 +408,8 @@ def test_range_and_rule_errors(section: str, element: str, fragment: str) -> Non
 def test_isolation_on_exclusive_queue_is_an_error() -> None:
     err = fails(
         wrap(
-            '<queue name="q" subscription="exclusive">\n<isolation><ackTimeout>5m</ackTimeout></isolation></queue>'
+            '<queue name="q" subscription="exclusive">\n<isolation>'
+            "<ackTimeout>5m</ackTimeout></isolation></queue>"
         )
     )
     assert_located(err, 4, "isolation", "shared queues only")
@@ -474,7 +485,8 @@ def test_topic_key_and_exchange_rules() -> None:
     )
     ok = parse_config(
         wrap(
-            '<exchange name="d" type="x-delayed-message" delayedType="topic"/>\n<topic key="a.*" exchange="d"/>'
+            '<exchange name="d" type="x-delayed-message" delayedType="topic"/>'
+            '\n<topic key="a.*" exchange="d"/>'
         )
     )
     assert ok.vhosts["/"].topics[0].exchange == "d"
@@ -528,7 +540,8 @@ def test_load_config_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "bad.xml"
     path.write_text(
         wrap(
-            '<queue name="q"><consumer>\n<messageAge>10 minutes</messageAge><policy name="Log"/></consumer></queue>'
+            '<queue name="q"><consumer>\n<messageAge>'
+            '10 minutes</messageAge><policy name="Log"/></consumer></queue>'
         )
     )
     with pytest.raises(ConfigError) as info:
@@ -575,8 +588,10 @@ def test_plugin_element_accepted_and_parsed(registry: ConfigElementRegistry) -> 
         '<broker>\n<statsd port="9999"/>\n<virtualhost name="/">\n'
         "<throttle><rate>50</rate><burst>1KB</burst></throttle>\n"
         '<queue name="q"><throttle><rate>5</rate><window>10s</window></throttle>'
-        '<consumer><depth>1MB</depth><policy name="Throttle"><options><option name="x" value="y"/></options></policy></consumer>'
-        '<deadLetter><backoff type="jittered"><min>1s</min><param name="jitter" value="0.2"/></backoff></deadLetter>'
+        '<consumer><depth>1MB</depth><policy name="Throttle"><options>'
+        '<option name="x" value="y"/></options></policy></consumer>'
+        '<deadLetter><backoff type="jittered"><min>1s</min>'
+        '<param name="jitter" value="0.2"/></backoff></deadLetter>'
         "</queue>\n"
         "</virtualhost></broker>",
         registry=registry,
@@ -603,7 +618,8 @@ def test_plugin_element_accepted_and_parsed(registry: ConfigElementRegistry) -> 
 def test_plugin_parser_errors_are_located(registry: ConfigElementRegistry) -> None:
     err = fails(
         wrap(
-            '<queue name="q">\n<throttle>\n<window>10 minutes</window><rate>1</rate></throttle></queue>'
+            '<queue name="q">\n<throttle>\n<window>'
+            "10 minutes</window><rate>1</rate></throttle></queue>"
         ),
         registry=registry,
     )
@@ -635,7 +651,8 @@ def test_plugin_parser_crash_is_located() -> None:
 def test_builtin_sections_stay_strict_with_plugins(registry: ConfigElementRegistry) -> None:
     err = fails(
         wrap(
-            '<queue name="q"><consumer>\n<maessageAge>1</maessageAge><policy name="Log"/></consumer></queue>'
+            '<queue name="q"><consumer>\n<maessageAge>'
+            '1</maessageAge><policy name="Log"/></consumer></queue>'
         ),
         registry=registry,
     )
@@ -897,7 +914,8 @@ SPEC_EXAMPLE = """<broker>
       <deadLetter>
         <maxRedeliveries>16</maxRedeliveries>
         <queue>work-DLQ</queue>                  <!-- default: {queue}-DLQ -->
-        <retry><queue>work-RETRY</queue><levels>1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h</levels></retry>
+        <retry><queue>work-RETRY</queue>
+               <levels>1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h</levels></retry>
         <backoff type="exponential"><min>1s</min><max>60s</max><multiplier>2</multiplier></backoff>
       </deadLetter>
     </queue>

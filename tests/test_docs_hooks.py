@@ -93,7 +93,7 @@ def test_howto_test_snippet_runs(example: Any) -> None:
     section = howto.split("## 2.", 1)[1].split("\n## ", 1)[0]
     ((_, code),) = FENCE.findall(section)
     namespace: dict[str, Any] = {}
-    exec(compile(code, "write-a-policy-plugin.md", "exec"), namespace)  # noqa: S102
+    exec(compile(code, "write-a-policy-plugin.md", "exec"), namespace)
     namespace["test_backlogged_queue_gets_smaller_windows"]()
 
 

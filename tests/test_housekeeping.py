@@ -24,7 +24,7 @@ BOUND = 5.0  # seconds: the most any wait in these tests may take before it coun
 
 
 class FakeBroker:
-    """A BrokerHandle whose "loop" is a lock: call_on_loop runs fn under it, like one loop thread."""
+    """A BrokerHandle whose "loop" is a lock: call_on_loop runs fn under it, as one loop thread."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock

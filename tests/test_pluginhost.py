@@ -624,7 +624,7 @@ def test_a_single_implementation_is_called_directly_with_the_arguments_it_declar
     two = types.ModuleType("two_delay")
 
     @impl
-    def broker_redelivery_delay(vhost, queue, message, delivery_count):  # noqa: F811
+    def broker_redelivery_delay(vhost, queue, message, delivery_count):
         return None
 
     two.broker_redelivery_delay = broker_redelivery_delay  # type: ignore[attr-defined]

@@ -27,11 +27,38 @@ from broker.analyze.events import QUEUE_EVENTS, read_events, runs
 from broker.analyze.replay import COLUMNS, load_candidate, policy_checks, replay_partition
 from broker.analyze.spark import Progress, get_spark
 
-ACTION_COLUMNS = ("at", "until", "checks", "job", "policy", "action", "vhost", "queue",
-                  "consumer_tag", "connection_id", "threshold", "configured", "measured",
-                  "measured_max", "reason", "outcome")
-ACTUAL_COLUMNS = ("ts", "policy", "action", "vhost", "queue", "consumer_tag", "connection_id",
-                  "threshold", "configured", "measured", "outcome", "reason")
+ACTION_COLUMNS = (
+    "at",
+    "until",
+    "checks",
+    "job",
+    "policy",
+    "action",
+    "vhost",
+    "queue",
+    "consumer_tag",
+    "connection_id",
+    "threshold",
+    "configured",
+    "measured",
+    "measured_max",
+    "reason",
+    "outcome",
+)
+ACTUAL_COLUMNS = (
+    "ts",
+    "policy",
+    "action",
+    "vhost",
+    "queue",
+    "consumer_tag",
+    "connection_id",
+    "threshold",
+    "configured",
+    "measured",
+    "outcome",
+    "reason",
+)
 
 
 @dataclass
@@ -53,35 +80,62 @@ class BacktestResult:
         """A text table for people: one line per would-be action, then the real ones."""
         from broker.analyze.htmlreport import fmt_time
 
-        lines = [f"backtest of {self.config} over {self.events:,} queue events; checks every "
-                 + ", ".join(f"{k} {v:g}s" for k, v in self.periods.items())]
+        lines = [
+            f"backtest of {self.config} over {self.events:,} queue events; checks every "
+            + ", ".join(f"{k} {v:g}s" for k, v in self.periods.items())
+        ]
         if not self.actions:
             lines.append("the candidate's policies would have taken no action")
         else:
             lines.append(f"{len(self.actions)} action(s) the candidate would have taken:")
         for a in self.actions:
             who = f" consumer {a['consumer_tag']}" if a["consumer_tag"] else ""
-            streak = (f" (every check until {fmt_time(a['until'])}, {a['checks']} checks)"
-                      if a["checks"] > 1 else "")
-            measured = "" if a["measured"] is None else (
-                f": {a['threshold']} measured {a['measured']:g} > configured "
-                f"{a['configured']:g}")
-            lines.append(f"  {fmt_time(a['at'], True)}  {a['policy']:<10} {a['action']:<22} "
-                         f"{a['vhost']} {a['queue']}{who}{measured} [{a['outcome']}]{streak}")
+            streak = (
+                f" (every check until {fmt_time(a['until'])}, {a['checks']} checks)"
+                if a["checks"] > 1
+                else ""
+            )
+            measured = (
+                ""
+                if a["measured"] is None
+                else (
+                    f": {a['threshold']} measured {a['measured']:g} > configured "
+                    f"{a['configured']:g}"
+                )
+            )
+            lines.append(
+                f"  {fmt_time(a['at'], True)}  {a['policy']:<10} {a['action']:<22} "
+                f"{a['vhost']} {a['queue']}{who}{measured} [{a['outcome']}]{streak}"
+            )
         lines.append(f"{len(self.actual)} action(s) the running broker took (from the journal)")
         for a in self.actual:
             who = f" consumer {a['consumer_tag']}" if a["consumer_tag"] else ""
-            measured = "" if a["measured"] is None else (
-                f": {a['threshold']} measured {a['measured']:g} > configured "
-                f"{a['configured']:g}")
-            lines.append(f"  {fmt_time(a['ts'], True)}  {a['policy']:<10} {a['action']:<22} "
-                         f"{a['vhost']} {a['queue']}{who}{measured} [{a['outcome']}]")
+            measured = (
+                ""
+                if a["measured"] is None
+                else (
+                    f": {a['threshold']} measured {a['measured']:g} > configured "
+                    f"{a['configured']:g}"
+                )
+            )
+            lines.append(
+                f"  {fmt_time(a['ts'], True)}  {a['policy']:<10} {a['action']:<22} "
+                f"{a['vhost']} {a['queue']}{who}{measured} [{a['outcome']}]"
+            )
         return "\n".join(lines)
 
 
-def backtest(journal: str | Path, config: str | Path, *, spark: Any = None,
-             master: str | None = None, every: float | None = None, out: str | Path | None = None,
-             partitions: int | None = None, quiet: bool = False) -> BacktestResult:
+def backtest(
+    journal: str | Path,
+    config: str | Path,
+    *,
+    spark: Any = None,
+    master: str | None = None,
+    every: float | None = None,
+    out: str | Path | None = None,
+    partitions: int | None = None,
+    quiet: bool = False,
+) -> BacktestResult:
     """Replay ``journal`` against the candidate configuration file ``config``.
 
     :param every: check period in seconds for every policy job, instead of the periods the
@@ -103,36 +157,54 @@ def backtest(journal: str | Path, config: str | Path, *, spark: Any = None,
 
     progress.step(f"reading {journal}")
     events = read_events(spark, journal)
-    run_rows = sorted(((r["run"], r["run_start"], r["run_end"]) for r in runs(events).collect()),
-                      key=lambda r: r[1])
+    run_rows = sorted(
+        ((r["run"], r["run_start"], r["run_end"]) for r in runs(events).collect()),
+        key=lambda r: r[1],
+    )
     if not run_rows:
         return BacktestResult(str(config_path), periods)
     start = min(r[1] for r in run_rows)
     end = max(r[2] for r in run_rows)
-    sel = events.where(F.col("event").isin(*QUEUE_EVENTS) & F.col("queue").isNotNull()
-                       & (F.col("event") != "policy_action")).select(*COLUMNS)
+    sel = events.where(
+        F.col("event").isin(*QUEUE_EVENTS)
+        & F.col("queue").isNotNull()
+        & (F.col("event") != "policy_action")
+    ).select(*COLUMNS)
     n = partitions or max(2, spark.sparkContext.defaultParallelism * 2)
     parted = sel.repartition(n, "vhost", "queue").sortWithinPartitions("run", "seq")
 
     progress.step(f"replaying the queues in {n} task(s) against the candidate's policies")
-    fn = partial(replay_partition, config_text=text, config_name=str(config_path), every=every,
-                 runs=run_rows, start=start, end=end)
+    fn = partial(
+        replay_partition,
+        config_text=text,
+        config_name=str(config_path),
+        every=every,
+        runs=run_rows,
+        start=start,
+        end=end,
+    )
     rows = _collect_with_progress(spark, parted.rdd.mapPartitions(fn), progress)
     replayed = sum(r["events"] for r in rows if "_stats" in r)
-    actions = sorted((r for r in rows if "_stats" not in r),
-                     key=lambda a: (a["at"], a["vhost"], a["queue"], a["action"]))
+    actions = sorted(
+        (r for r in rows if "_stats" not in r),
+        key=lambda a: (a["at"], a["vhost"], a["queue"], a["action"]),
+    )
 
     progress.step("the actions the broker really took")
-    actual_rows = events.where(F.col("event") == "policy_action").orderBy("run", "seq") \
-        .select(*ACTUAL_COLUMNS).collect()
-    result = BacktestResult(str(config_path), periods, actions,
-                            [r.asDict() for r in actual_rows])
+    actual_rows = (
+        events.where(F.col("event") == "policy_action")
+        .orderBy("run", "seq")
+        .select(*ACTUAL_COLUMNS)
+        .collect()
+    )
+    result = BacktestResult(str(config_path), periods, actions, [r.asDict() for r in actual_rows])
     result.events = replayed
     result.seconds = progress.elapsed
     if out is not None:
         _write(spark, result, Path(out))
-    progress.say(f"backtest done: {len(actions)} would-be action(s), "
-                 f"{len(result.actual)} real one(s)")
+    progress.say(
+        f"backtest done: {len(actions)} would-be action(s), {len(result.actual)} real one(s)"
+    )
     return result
 
 
@@ -143,7 +215,7 @@ def _collect_with_progress(spark: Any, rdd: Any, progress: Progress) -> list[dic
     def run() -> None:
         try:
             result["rows"] = rdd.collect()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as exc:
             result["error"] = exc
 
     t = threading.Thread(target=run, name="backtest-collect", daemon=True)
@@ -172,21 +244,41 @@ def _write(spark: Any, result: BacktestResult, out: Path) -> None:
     from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
     out_s = str(out)
-    types = {"at": DoubleType(), "until": DoubleType(), "checks": LongType(),
-             "configured": DoubleType(), "measured": DoubleType(), "measured_max": DoubleType(),
-             "ts": DoubleType()}
-    for name, rows, cols in (("actions", result.actions, ACTION_COLUMNS),
-                             ("actual", result.actual, ACTUAL_COLUMNS)):
+    types = {
+        "at": DoubleType(),
+        "until": DoubleType(),
+        "checks": LongType(),
+        "configured": DoubleType(),
+        "measured": DoubleType(),
+        "measured_max": DoubleType(),
+        "ts": DoubleType(),
+    }
+    for name, rows, cols in (
+        ("actions", result.actions, ACTION_COLUMNS),
+        ("actual", result.actual, ACTUAL_COLUMNS),
+    ):
         schema = StructType([StructField(c, types.get(c, StringType())) for c in cols])
-        df = spark.createDataFrame([tuple(_num(r.get(c), types.get(c)) for c in cols)
-                                    for r in rows], schema)
+        df = spark.createDataFrame(
+            [tuple(_num(r.get(c), types.get(c)) for c in cols) for r in rows], schema
+        )
         df.coalesce(1).write.mode("overwrite").parquet(f"{out_s}/tables/{name}")
         df.coalesce(1).write.mode("overwrite").option("header", True).csv(f"{out_s}/csv/{name}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "backtest.txt").write_text(result.summary() + "\n", encoding="utf-8")
-    (out / "backtest.json").write_text(json.dumps(
-        {"config": result.config, "periods": result.periods, "actions": result.actions,
-         "actual": result.actual}, indent=1, default=str) + "\n", encoding="utf-8")
+    (out / "backtest.json").write_text(
+        json.dumps(
+            {
+                "config": result.config,
+                "periods": result.periods,
+                "actions": result.actions,
+                "actual": result.actual,
+            },
+            indent=1,
+            default=str,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
 
 
 def _num(v: Any, t: Any) -> Any:

@@ -24,16 +24,52 @@ from typing import Any
 from plugins.journal import METADATA_KEY, SCHEMA_VERSION
 
 #: events that concern one message in one queue
-MESSAGE_EVENTS = ("published", "delivered", "acked", "rejected", "redelivered", "dead_lettered",
-                  "expired", "dropped")
+MESSAGE_EVENTS = (
+    "published",
+    "delivered",
+    "acked",
+    "rejected",
+    "redelivered",
+    "dead_lettered",
+    "expired",
+    "dropped",
+)
 #: events that concern one queue (replayed by the backtest)
-QUEUE_EVENTS = MESSAGE_EVENTS + ("consumer_added", "consumer_removed", "consumer_isolated",
-                                 "consumer_released", "queue_declared", "queue_deleted",
-                                 "queue_bound", "queue_unbound", "policy_action")
+QUEUE_EVENTS = MESSAGE_EVENTS + (
+    "consumer_added",
+    "consumer_removed",
+    "consumer_isolated",
+    "consumer_released",
+    "queue_declared",
+    "queue_deleted",
+    "queue_bound",
+    "queue_unbound",
+    "policy_action",
+)
 #: processing-time histogram bucket bounds, seconds (a value v falls in the first bucket whose
 #: upper bound is greater than v)
-LATENCY_BOUNDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
-                  30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+LATENCY_BOUNDS = (
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
 #: "never": the end of a message that is still held when the journal ends
 NEVER = 1e18
 
@@ -56,8 +92,14 @@ def check_local_journal(path: str) -> None:
     files = [p for p in root.rglob("*.parquet") if not p.name.startswith((".", "_"))]
     if not files:
         hidden = list(root.rglob(".*.parquet"))
-        extra = (f" ({len(hidden)} file(s) still being written or left by a crash; a file "
-                 "becomes readable when the broker closes it)") if hidden else ""
+        extra = (
+            (
+                f" ({len(hidden)} file(s) still being written or left by a crash; a file "
+                "becomes readable when the broker closes it)"
+            )
+            if hidden
+            else ""
+        )
         raise JournalError(f"{root}: no closed journal files{extra}")
     import pyarrow.parquet as pq
 
@@ -65,8 +107,10 @@ def check_local_journal(path: str) -> None:
         meta = pq.read_schema(f).metadata or {}
         version = int(meta.get(METADATA_KEY, b"0"))
         if version > SCHEMA_VERSION or version < 1:
-            raise JournalError(f"{f}: journal schema version {version}; this pipeline reads "
-                               f"version {SCHEMA_VERSION}")
+            raise JournalError(
+                f"{f}: journal schema version {version}; this pipeline reads "
+                f"version {SCHEMA_VERSION}"
+            )
 
 
 def read_events(spark: Any, journal: str | Path) -> Any:
@@ -86,8 +130,7 @@ def runs(events: Any) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
-    per = events.groupBy("run").agg(F.min("ts").alias("run_start"),
-                                    F.max("ts").alias("run_end"))
+    per = events.groupBy("run").agg(F.min("ts").alias("run_start"), F.max("ts").alias("run_end"))
     latest = F.max("run_start").over(Window.partitionBy())
     return per.withColumn("last", F.col("run_start") == latest)
 
@@ -95,8 +138,35 @@ def runs(events: Any) -> Any:
 def nice_step(span: float, buckets: int = 240) -> float:
     """A bucket width (1, 2, 5 x 10^n seconds, or whole minutes/hours) giving about ``buckets``."""
     raw = max(span / max(buckets, 1), 1e-3)
-    steps = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120,
-             300, 600, 900, 1800, 3600, 7200, 3 * 3600, 6 * 3600, 12 * 3600, 86400]
+    steps = [
+        0.001,
+        0.002,
+        0.005,
+        0.01,
+        0.02,
+        0.05,
+        0.1,
+        0.2,
+        0.5,
+        1,
+        2,
+        5,
+        10,
+        15,
+        30,
+        60,
+        120,
+        300,
+        600,
+        900,
+        1800,
+        3600,
+        7200,
+        3 * 3600,
+        6 * 3600,
+        12 * 3600,
+        86400,
+    ]
     for s in steps:
         if s >= raw:
             return float(s)
@@ -108,8 +178,9 @@ def consumer_id(conn: Any = "connection_id", tag: Any = "consumer_tag") -> Any:
     then carry a number, not strings, and stay hash-based (no sort) in Spark."""
     from pyspark.sql import functions as F
 
-    return F.xxhash64(F.col(conn) if isinstance(conn, str) else conn,
-                      F.col(tag) if isinstance(tag, str) else tag)
+    return F.xxhash64(
+        F.col(conn) if isinstance(conn, str) else conn, F.col(tag) if isinstance(tag, str) else tag
+    )
 
 
 def message_facts(events: Any) -> Any:
@@ -123,30 +194,37 @@ def message_facts(events: Any) -> Any:
 
     ev = F.col("event")
     ts = F.col("ts")
-    removal = (ev.isin("acked", "dead_lettered", "dropped", "expired")
-               | ((ev == "delivered") & F.col("no_ack"))
-               | ((ev == "rejected") & ~F.col("requeue")))
+    removal = (
+        ev.isin("acked", "dead_lettered", "dropped", "expired")
+        | ((ev == "delivered") & F.col("no_ack"))
+        | ((ev == "rejected") & ~F.col("requeue"))
+    )
     delivery = (ev == "delivered") & ~F.coalesce(F.col("no_ack"), F.lit(False))
     settle = ev.isin("acked", "rejected")
     chan = F.xxhash64("connection_id", "channel_id")
-    m = events.where(ev.isin(*MESSAGE_EVENTS) & F.col("message_id").isNotNull()
-                     & F.col("queue").isNotNull())
-    return m.groupBy("vhost", "queue", "message_id").agg(
-        F.min(F.when(ev == "published", ts)).alias("published_at"),
-        F.min(ts).alias("first_seen"),
-        F.max(ts).alias("last_seen"),
-        F.min(F.when(removal, ts)).alias("removed_at"),
-        F.max("body_size").alias("body_size"),
-        F.sum(delivery.cast("int")).alias("deliveries"),
-        F.sum((ev == "redelivered").cast("int")).alias("redeliveries"),
-        F.sum(settle.cast("int")).alias("settlements"),
-        F.max(F.when(delivery, ts)).alias("delivered_at"),
-        F.max(F.when(delivery, chan)).alias("delivered_chan"),
-        F.max(F.when(settle, ts)).alias("settled_at"),
-        F.max(F.when(settle, chan)).alias("settled_chan"),
-        F.max(F.when(settle, consumer_id())).alias("settled_by"),
-        F.max(F.when(ev == "acked", 2).when(ev == "rejected", 1)).alias("settle_kind"),
-    ).withColumn("arrival", F.coalesce("published_at", "first_seen"))
+    m = events.where(
+        ev.isin(*MESSAGE_EVENTS) & F.col("message_id").isNotNull() & F.col("queue").isNotNull()
+    )
+    return (
+        m.groupBy("vhost", "queue", "message_id")
+        .agg(
+            F.min(F.when(ev == "published", ts)).alias("published_at"),
+            F.min(ts).alias("first_seen"),
+            F.max(ts).alias("last_seen"),
+            F.min(F.when(removal, ts)).alias("removed_at"),
+            F.max("body_size").alias("body_size"),
+            F.sum(delivery.cast("int")).alias("deliveries"),
+            F.sum((ev == "redelivered").cast("int")).alias("redeliveries"),
+            F.sum(settle.cast("int")).alias("settlements"),
+            F.max(F.when(delivery, ts)).alias("delivered_at"),
+            F.max(F.when(delivery, chan)).alias("delivered_chan"),
+            F.max(F.when(settle, ts)).alias("settled_at"),
+            F.max(F.when(settle, chan)).alias("settled_chan"),
+            F.max(F.when(settle, consumer_id())).alias("settled_by"),
+            F.max(F.when(ev == "acked", 2).when(ev == "rejected", 1)).alias("settle_kind"),
+        )
+        .withColumn("arrival", F.coalesce("published_at", "first_seen"))
+    )
 
 
 def lifecycles(facts: Any, events: Any, run_table: Any) -> Any:
@@ -161,26 +239,46 @@ def lifecycles(facts: Any, events: Any, run_table: Any) -> Any:
     from pyspark.sql.window import Window
 
     dels = events.where(F.col("event") == "queue_deleted").select(
-        "vhost", "queue", F.col("ts").alias("del"))
+        "vhost", "queue", F.col("ts").alias("del")
+    )
     w = Window.partitionBy("vhost", "queue").orderBy("del")
     intervals = dels.withColumn("del_from", F.lag("del").over(w)).select(
-        F.col("vhost").alias("d_vhost"), F.col("queue").alias("d_queue"),
-        F.coalesce("del_from", F.lit(-1.0)).alias("del_from"), F.col("del").alias("deleted_at"))
+        F.col("vhost").alias("d_vhost"),
+        F.col("queue").alias("d_queue"),
+        F.coalesce("del_from", F.lit(-1.0)).alias("del_from"),
+        F.col("del").alias("deleted_at"),
+    )
     joined = facts.join(
         F.broadcast(intervals),
-        (F.col("vhost") == F.col("d_vhost")) & (F.col("queue") == F.col("d_queue"))
-        & (F.col("arrival") > F.col("del_from")) & (F.col("arrival") <= F.col("deleted_at")),
-        "left")
+        (F.col("vhost") == F.col("d_vhost"))
+        & (F.col("queue") == F.col("d_queue"))
+        & (F.col("arrival") > F.col("del_from"))
+        & (F.col("arrival") <= F.col("deleted_at")),
+        "left",
+    )
     ended_runs = run_table.where(~F.col("last")).select(
-        F.col("run_start").alias("r_start"), F.col("run_end").alias("r_end"))
-    joined = joined.join(F.broadcast(ended_runs),
-                         (F.col("last_seen") >= F.col("r_start"))
-                         & (F.col("last_seen") <= F.col("r_end")), "left")
-    end = F.least(F.coalesce("removed_at", F.lit(NEVER)),
-                  F.coalesce("deleted_at", F.lit(NEVER)),
-                  F.coalesce("r_end", F.lit(NEVER)))
-    return joined.select("vhost", "queue", "message_id", "arrival", end.alias("end"),
-                         "body_size", "deliveries", "redeliveries")
+        F.col("run_start").alias("r_start"), F.col("run_end").alias("r_end")
+    )
+    joined = joined.join(
+        F.broadcast(ended_runs),
+        (F.col("last_seen") >= F.col("r_start")) & (F.col("last_seen") <= F.col("r_end")),
+        "left",
+    )
+    end = F.least(
+        F.coalesce("removed_at", F.lit(NEVER)),
+        F.coalesce("deleted_at", F.lit(NEVER)),
+        F.coalesce("r_end", F.lit(NEVER)),
+    )
+    return joined.select(
+        "vhost",
+        "queue",
+        "message_id",
+        "arrival",
+        end.alias("end"),
+        "body_size",
+        "deliveries",
+        "redeliveries",
+    )
 
 
 def settlements(events: Any, facts: Any) -> Any:
@@ -197,36 +295,65 @@ def settlements(events: Any, facts: Any) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
-    simple_cond = ((F.col("deliveries") == 1) & (F.col("settlements") == 1)
-                   & (F.col("delivered_chan") == F.col("settled_chan"))
-                   & (F.col("settled_at") >= F.col("delivered_at")))
+    simple_cond = (
+        (F.col("deliveries") == 1)
+        & (F.col("settlements") == 1)
+        & (F.col("delivered_chan") == F.col("settled_chan"))
+        & (F.col("settled_at") >= F.col("delivered_at"))
+    )
     simple = facts.where(simple_cond).select(
-        "vhost", "queue", "message_id", F.col("settled_by").alias("consumer"),
+        "vhost",
+        "queue",
+        "message_id",
+        F.col("settled_by").alias("consumer"),
         F.when(F.col("settle_kind") == 2, "acked").otherwise("rejected").alias("kind"),
-        "delivered_at", "settled_at",
-        (F.col("settled_at") - F.col("delivered_at")).alias("latency"))
-    hard = facts.where(~simple_cond & (F.col("deliveries") >= 1)
-                       & (F.col("settlements") >= 1)).select("vhost", "queue", "message_id")
+        "delivered_at",
+        "settled_at",
+        (F.col("settled_at") - F.col("delivered_at")).alias("latency"),
+    )
+    hard = facts.where(
+        ~simple_cond & (F.col("deliveries") >= 1) & (F.col("settlements") >= 1)
+    ).select("vhost", "queue", "message_id")
     ev = F.col("event")
-    d = events.where(((ev == "delivered") & ~F.coalesce(F.col("no_ack"), F.lit(False)))
-                     | ev.isin("acked", "rejected"))
-    d = d.where(F.col("message_id").isNotNull()).join(hard, ["vhost", "queue", "message_id"],
-                                                       "left_semi")
+    d = events.where(
+        ((ev == "delivered") & ~F.coalesce(F.col("no_ack"), F.lit(False)))
+        | ev.isin("acked", "rejected")
+    )
+    d = d.where(F.col("message_id").isNotNull()).join(
+        hard, ["vhost", "queue", "message_id"], "left_semi"
+    )
     key = ["vhost", "queue", "message_id", "connection_id", "channel_id"]
-    w = (Window.partitionBy(*key).orderBy("run", "seq")
-         .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    w = (
+        Window.partitionBy(*key)
+        .orderBy("run", "seq")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
     paired = d.select(
-        *key, "event", "ts", "consumer_tag",
-        F.last(F.when(ev == "delivered", F.col("ts")), ignorenulls=True).over(w)
+        *key,
+        "event",
+        "ts",
+        "consumer_tag",
+        F.last(F.when(ev == "delivered", F.col("ts")), ignorenulls=True)
+        .over(w)
         .alias("delivered_at"),
-        F.last(F.when(ev == "delivered", F.col("consumer_tag")), ignorenulls=True).over(w)
-        .alias("delivered_tag"))
-    complex_ = paired.where(ev.isin("acked", "rejected") & F.col("delivered_at").isNotNull()) \
-        .select("vhost", "queue", "message_id",
-                consumer_id(F.col("connection_id"),
-                            F.coalesce("consumer_tag", "delivered_tag")).alias("consumer"),
-                F.col("event").alias("kind"), "delivered_at", F.col("ts").alias("settled_at"),
-                F.greatest(F.col("ts") - F.col("delivered_at"), F.lit(0.0)).alias("latency"))
+        F.last(F.when(ev == "delivered", F.col("consumer_tag")), ignorenulls=True)
+        .over(w)
+        .alias("delivered_tag"),
+    )
+    complex_ = paired.where(
+        ev.isin("acked", "rejected") & F.col("delivered_at").isNotNull()
+    ).select(
+        "vhost",
+        "queue",
+        "message_id",
+        consumer_id(F.col("connection_id"), F.coalesce("consumer_tag", "delivered_tag")).alias(
+            "consumer"
+        ),
+        F.col("event").alias("kind"),
+        "delivered_at",
+        F.col("ts").alias("settled_at"),
+        F.greatest(F.col("ts") - F.col("delivered_at"), F.lit(0.0)).alias("latency"),
+    )
     return simple.unionByName(complex_)
 
 
@@ -260,40 +387,69 @@ def backlog_series(events: Any, life: Any, t0: float, step: float) -> Any:
     def bucket(c: Any) -> Any:
         return F.floor((c - F.lit(t0)) / F.lit(step)).cast("long")
 
-    big = F.lit(2 ** 62).cast("long")
+    big = F.lit(2**62).cast("long")
     ended = F.col("end") < F.lit(NEVER)
     # each message is +1 in its arrival bucket and -1 in its end bucket; the minimum arrival of
     # the messages ending in a bucket gives the oldest message alive (see below)
-    steps = life.select("vhost", "queue", F.explode(F.array(
-        F.struct(bucket(F.col("arrival")).alias("bucket"), F.lit(1).alias("dn"),
-                 F.col("body_size").alias("db"), F.lit(None).cast("double").alias("arr")),
-        F.struct(F.when(ended, bucket(F.col("end"))).otherwise(big).alias("bucket"),
-                 F.when(ended, -1).otherwise(0).alias("dn"),
-                 F.when(ended, -F.col("body_size")).otherwise(0).alias("db"),
-                 F.col("arrival").alias("arr")))).alias("s")).select("vhost", "queue", "s.*")
+    steps = life.select(
+        "vhost",
+        "queue",
+        F.explode(
+            F.array(
+                F.struct(
+                    bucket(F.col("arrival")).alias("bucket"),
+                    F.lit(1).alias("dn"),
+                    F.col("body_size").alias("db"),
+                    F.lit(None).cast("double").alias("arr"),
+                ),
+                F.struct(
+                    F.when(ended, bucket(F.col("end"))).otherwise(big).alias("bucket"),
+                    F.when(ended, -1).otherwise(0).alias("dn"),
+                    F.when(ended, -F.col("body_size")).otherwise(0).alias("db"),
+                    F.col("arrival").alias("arr"),
+                ),
+            )
+        ).alias("s"),
+    ).select("vhost", "queue", "s.*")
     deltas = steps.groupBy("vhost", "queue", "bucket").agg(
-        F.sum("dn").alias("dn"), F.sum("db").alias("db"),
-        F.min("arr").alias("min_arrival_ending"))
+        F.sum("dn").alias("dn"), F.sum("db").alias("db"), F.min("arr").alias("min_arrival_ending")
+    )
     ev = F.col("event")
-    counts = events.where(F.col("queue").isNotNull() & ev.isin(*MESSAGE_EVENTS)) \
-        .groupBy("vhost", "queue", bucket(F.col("ts")).alias("bucket")) \
+    counts = (
+        events.where(F.col("queue").isNotNull() & ev.isin(*MESSAGE_EVENTS))
+        .groupBy("vhost", "queue", bucket(F.col("ts")).alias("bucket"))
         .agg(*[F.sum((ev == e).cast("long")).alias(e) for e in MESSAGE_EVENTS])
+    )
     rows = deltas.join(counts, ["vhost", "queue", "bucket"], "full").na.fill(
-        0, ["dn", "db", *MESSAGE_EVENTS])
-    upto = Window.partitionBy("vhost", "queue").orderBy("bucket").rowsBetween(
-        Window.unboundedPreceding, Window.currentRow)
-    after = Window.partitionBy("vhost", "queue").orderBy("bucket").rowsBetween(
-        1, Window.unboundedFollowing)
+        0, ["dn", "db", *MESSAGE_EVENTS]
+    )
+    upto = (
+        Window.partitionBy("vhost", "queue")
+        .orderBy("bucket")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    after = (
+        Window.partitionBy("vhost", "queue")
+        .orderBy("bucket")
+        .rowsBetween(1, Window.unboundedFollowing)
+    )
     t_end = F.lit(t0) + (F.col("bucket") + 1) * F.lit(step)
     # the oldest message held at the end of bucket b is the earliest arrival among messages
     # that end after b; if that arrival is after the bucket's end, nothing is held
     series = rows.select(
-        "vhost", "queue", "bucket", *MESSAGE_EVENTS,
+        "vhost",
+        "queue",
+        "bucket",
+        *MESSAGE_EVENTS,
         F.sum("dn").over(upto).alias("messages"),
         F.sum("db").over(upto).alias("bytes"),
         F.min("min_arrival_ending").over(after).alias("oldest_arrival"),
         t_end.alias("t"),
     ).where(F.col("bucket") < big)
-    age = F.when(F.col("oldest_arrival").isNotNull() & (F.col("oldest_arrival") <= F.col("t"))
-                 & (F.col("messages") > 0), F.col("t") - F.col("oldest_arrival")).otherwise(0.0)
+    age = F.when(
+        F.col("oldest_arrival").isNotNull()
+        & (F.col("oldest_arrival") <= F.col("t"))
+        & (F.col("messages") > 0),
+        F.col("t") - F.col("oldest_arrival"),
+    ).otherwise(0.0)
     return series.withColumn("oldest_age", age).drop("oldest_arrival")

@@ -22,7 +22,8 @@ main{padding:18px 28px;max-width:1500px}
 h2{font-size:18px;margin:28px 0 10px;border-bottom:2px solid #d1d5db;padding-bottom:4px}
 h3{font-size:15px;margin:0 0 6px}
 .cards{display:flex;flex-wrap:wrap;gap:10px}
-.card{background:#fff;border-radius:8px;padding:10px 14px;box-shadow:0 1px 2px #0002;min-width:120px}
+.card{background:#fff;border-radius:8px;padding:10px 14px;box-shadow:0 1px 2px #0002;
+      min-width:120px}
 .card b{display:block;font-size:20px}.card span{color:#6b7280;font-size:12px}
 .queue{background:#fff;border-radius:8px;padding:12px 14px;margin:12px 0;box-shadow:0 1px 2px #0002}
 .plots{display:flex;flex-wrap:wrap;gap:8px}
@@ -111,8 +112,10 @@ def short_label(i: int) -> str:
 
 
 def _svg_open(width: int, height: int, title: str) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}">')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}">'
+    )
 
 
 def _nice_max(v: float) -> float:
@@ -125,15 +128,24 @@ def _nice_max(v: float) -> float:
     return 10 * exp
 
 
-def line_chart(title: str, xs: Sequence[float], series: Sequence[tuple[str, Sequence[float]]],
-               *, y_fmt: Callable[[Any], str] = fmt_num, width: int = 310,
-               height: int = 190, xlim: tuple[float, float] | None = None) -> str:
+def line_chart(
+    title: str,
+    xs: Sequence[float],
+    series: Sequence[tuple[str, Sequence[float]]],
+    *,
+    y_fmt: Callable[[Any], str] = fmt_num,
+    width: int = 310,
+    height: int = 190,
+    xlim: tuple[float, float] | None = None,
+) -> str:
     """A line chart of one or more series over time (x in epoch seconds)."""
     left, right, top, bottom = 56, 10, 24, 34
     pw, ph = width - left - right, height - top - bottom
-    out = [_svg_open(width, height, title),
-           f'<rect width="{width}" height="{height}" fill="#fff"/>',
-           f'<text x="6" y="15" font-weight="600">{esc(title)}</text>']
+    out = [
+        _svg_open(width, height, title),
+        f'<rect width="{width}" height="{height}" fill="#fff"/>',
+        f'<text x="6" y="15" font-weight="600">{esc(title)}</text>',
+    ]
     if not xs:
         out.append(f'<text x="{left + 10}" y="{top + ph / 2}" class="muted">no data</text></svg>')
         return "".join(out)
@@ -151,42 +163,59 @@ def line_chart(title: str, xs: Sequence[float], series: Sequence[tuple[str, Sequ
     for i in range(5):
         y = ymax * i / 4
         yy = sy(y)
-        out.append(f'<line x1="{left}" y1="{yy:.1f}" x2="{left + pw}" y2="{yy:.1f}" '
-                   f'stroke="#e5e7eb"/>')
-        out.append(f'<text x="{left - 4}" y="{yy + 4:.1f}" text-anchor="end">{esc(y_fmt(y))}'
-                   f'</text>')
+        out.append(
+            f'<line x1="{left}" y1="{yy:.1f}" x2="{left + pw}" y2="{yy:.1f}" stroke="#e5e7eb"/>'
+        )
+        out.append(
+            f'<text x="{left - 4}" y="{yy + 4:.1f}" text-anchor="end">{esc(y_fmt(y))}</text>'
+        )
     span = x1 - x0
     for i in range(3):  # three time labels fit under a narrow chart without touching
         x = x0 + span * i / 2
         label = fmt_time(x) if span >= 120 else f"+{x - x0:.3g}s"
         anchor = "start" if i == 0 else "end" if i == 2 else "middle"
-        out.append(f'<text x="{sx(x):.1f}" y="{top + ph + 16}" text-anchor="{anchor}">'
-                   f'{esc(label)}</text>')
-    out.append(f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" '
-               f'stroke="#9ca3af"/>')
+        out.append(
+            f'<text x="{sx(x):.1f}" y="{top + ph + 16}" text-anchor="{anchor}">{esc(label)}</text>'
+        )
+    out.append(
+        f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#9ca3af"/>'
+    )
     lx = left + pw - sum(7 * len(name) + 22 for name, _ in series) if len(series) > 1 else 0
     for i, (name, ys) in enumerate(series):
         color = PALETTE[i % len(PALETTE)]
         pts = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys))
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" '
-                   f'stroke-linejoin="round" points="{pts}"/>')
+        out.append(
+            f'<polyline fill="none" stroke="{color}" stroke-width="1.6" '
+            f'stroke-linejoin="round" points="{pts}"/>'
+        )
         if len(series) > 1:
-            out.append(f'<rect x="{lx}" y="7" width="10" height="10" fill="{color}"/>'
-                       f'<text x="{lx + 13}" y="16">{esc(name)}</text>')
+            out.append(
+                f'<rect x="{lx}" y="7" width="10" height="10" fill="{color}"/>'
+                f'<text x="{lx + 13}" y="16">{esc(name)}</text>'
+            )
             lx += 7 * len(name) + 22
     out.append("</svg>")
     return "".join(out)
 
 
-def bar_chart(title: str, labels: Sequence[str], values: Sequence[float], *, width: int = 310,
-              height: int = 190, color: str = PALETTE[0],
-              highlight: Iterable[int] = ()) -> str:
+def bar_chart(
+    title: str,
+    labels: Sequence[str],
+    values: Sequence[float],
+    *,
+    width: int = 310,
+    height: int = 190,
+    color: str = PALETTE[0],
+    highlight: Iterable[int] = (),
+) -> str:
     """Vertical bars with a label under each (every other label when they are crowded)."""
     left, right, top, bottom = 46, 8, 24, 46
     pw, ph = width - left - right, height - top - bottom
-    out = [_svg_open(width, height, title),
-           f'<rect width="{width}" height="{height}" fill="#fff"/>',
-           f'<text x="6" y="15" font-weight="600">{esc(title)}</text>']
+    out = [
+        _svg_open(width, height, title),
+        f'<rect width="{width}" height="{height}" fill="#fff"/>',
+        f'<text x="6" y="15" font-weight="600">{esc(title)}</text>',
+    ]
     if not values or max(values) <= 0:
         out.append(f'<text x="{left + 10}" y="{top + ph / 2}">no data</text></svg>')
         return "".join(out)
@@ -197,9 +226,11 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float], *, wid
     for i in range(5):
         y = ymax * i / 4
         yy = top + ph - y / ymax * ph
-        out.append(f'<line x1="{left}" y1="{yy:.1f}" x2="{left + pw}" y2="{yy:.1f}" '
-                   f'stroke="#e5e7eb"/><text x="{left - 4}" y="{yy + 4:.1f}" '
-                   f'text-anchor="end">{esc(fmt_num(y))}</text>')
+        out.append(
+            f'<line x1="{left}" y1="{yy:.1f}" x2="{left + pw}" y2="{yy:.1f}" '
+            f'stroke="#e5e7eb"/><text x="{left - 4}" y="{yy + 4:.1f}" '
+            f'text-anchor="end">{esc(fmt_num(y))}</text>'
+        )
     longest = max((len(label) for label in labels), default=1)
     upright = bw >= 6.5 * longest + 4  # labels fit side by side: no need to tilt them
     every = 1 if upright else max(1, math.ceil(n * 34 / pw))
@@ -207,16 +238,22 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float], *, wid
         h = v / ymax * ph
         x = left + i * bw
         fill = PALETTE[1] if i in hl else color
-        out.append(f'<rect x="{x + 1:.1f}" y="{top + ph - h:.1f}" width="{max(bw - 2, 1):.1f}" '
-                   f'height="{h:.1f}" fill="{fill}"><title>{esc(label)}: {v:g}</title></rect>')
+        out.append(
+            f'<rect x="{x + 1:.1f}" y="{top + ph - h:.1f}" width="{max(bw - 2, 1):.1f}" '
+            f'height="{h:.1f}" fill="{fill}"><title>{esc(label)}: {v:g}</title></rect>'
+        )
         if i % every == 0:
             cx = x + bw / 2
             if upright:
-                out.append(f'<text x="{cx:.1f}" y="{top + ph + 14}" text-anchor="middle">'
-                           f'{esc(label)}</text>')
+                out.append(
+                    f'<text x="{cx:.1f}" y="{top + ph + 14}" text-anchor="middle">'
+                    f"{esc(label)}</text>"
+                )
             else:
-                out.append(f'<text x="{cx:.1f}" y="{top + ph + 12}" text-anchor="end" '
-                           f'transform="rotate(-35 {cx:.1f} {top + ph + 12})">{esc(label)}</text>')
+                out.append(
+                    f'<text x="{cx:.1f}" y="{top + ph + 12}" text-anchor="end" '
+                    f'transform="rotate(-35 {cx:.1f} {top + ph + 12})">{esc(label)}</text>'
+                )
     out.append("</svg>")
     return "".join(out)
 
@@ -224,8 +261,12 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float], *, wid
 # ------------------------------------------------------------------------------ the page
 
 
-def _table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str, Callable[[Any], str]]],
-           *, warn: Callable[[dict[str, Any]], bool] | None = None) -> str:
+def _table(
+    rows: Sequence[dict[str, Any]],
+    cols: Sequence[tuple[str, str, Callable[[Any], str]]],
+    *,
+    warn: Callable[[dict[str, Any]], bool] | None = None,
+) -> str:
     """An HTML table; text columns (formatted with :func:`esc`) left-aligned, numbers right."""
     if not rows:
         return '<p class="muted">none</p>'
@@ -234,19 +275,24 @@ def _table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str, Callab
     body = []
     for r in rows:
         cls = ' class="warn"' if warn is not None and warn(r) else ""
-        cells = "".join(f'<td class="{a}">{fmt(r.get(key))}</td>'
-                        for a, (key, _, fmt) in zip(align, cols))
+        cells = "".join(
+            f'<td class="{a}">{fmt(r.get(key))}</td>' for a, (key, _, fmt) in zip(align, cols)
+        )
         body.append(f"<tr{cls}>{cells}</tr>")
-    return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
-            "</tbody></table></div>")
+    return (
+        f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
+        "</tbody></table></div>"
+    )
 
 
-def _dense(rows: list[dict[str, Any]], step: float, t_last: float = math.inf
-           ) -> dict[str, list[float]]:
+def _dense(
+    rows: list[dict[str, Any]], step: float, t_last: float = math.inf
+) -> dict[str, list[float]]:
     """Sparse bucket rows of one queue filled in: counts 0, held figures carried, age grown.
     Rates in the bucket holding ``t_last`` (the journal's end) are over its covered part."""
-    out: dict[str, list[float]] = {k: [] for k in ("t", "published", "acked", "messages",
-                                                  "oldest_age")}
+    out: dict[str, list[float]] = {
+        k: [] for k in ("t", "published", "acked", "messages", "oldest_age")
+    }
     prev: dict[str, Any] | None = None
     for r in rows:
         if prev is not None:
@@ -267,11 +313,22 @@ def _dense(rows: list[dict[str, Any]], step: float, t_last: float = math.inf
     return out
 
 
-def render(*, journal: str, overview: dict[str, Any], queues: list[dict[str, Any]],
-           consumers: list[dict[str, Any]], series: list[dict[str, Any]],
-           histograms: list[dict[str, Any]], busiest: list[tuple[str, str]],
-           dead_letters: list[dict[str, Any]], redeliveries: list[dict[str, Any]],
-           actions: list[dict[str, Any]], step: float, t0: float, t1: float) -> str:
+def render(
+    *,
+    journal: str,
+    overview: dict[str, Any],
+    queues: list[dict[str, Any]],
+    consumers: list[dict[str, Any]],
+    series: list[dict[str, Any]],
+    histograms: list[dict[str, Any]],
+    busiest: list[tuple[str, str]],
+    dead_letters: list[dict[str, Any]],
+    redeliveries: list[dict[str, Any]],
+    actions: list[dict[str, Any]],
+    step: float,
+    t0: float,
+    t1: float,
+) -> str:
     ov = overview
     by = ov["by_event"]
     lat = ov.get("latency") or {}
@@ -285,24 +342,33 @@ def render(*, journal: str, overview: dict[str, Any], queues: list[dict[str, Any
         (fmt_num(by.get("redelivered", 0)), "redelivered"),
         (fmt_num(by.get("dead_lettered", 0)), "dead-lettered"),
         (fmt_num(by.get("policy_action", 0)), "policy actions"),
-        (f'{fmt_dur(lat.get("latency_p50"))} / {fmt_dur(lat.get("latency_p99"))}',
-         "processing time p50 / p99"),
+        (
+            f"{fmt_dur(lat.get('latency_p50'))} / {fmt_dur(lat.get('latency_p99'))}",
+            "processing time p50 / p99",
+        ),
     ]
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width,initial-scale=1'>",
         f"<title>plugbroker report: {esc(journal)}</title><style>{CSS}</style></head><body>",
         "<header><h1>plugbroker journal report</h1>",
-        (f"<p>{esc(journal)} · {fmt_time(ov['start'], True)} to {fmt_time(ov['end'], True)} "
-         f"({fmt_dur(ov['end'] - ov['start'])}) · {len(ov['runs'])} broker run(s) · "
-         f"schema version {ov['schema_version']} · buckets of {fmt_dur(step)}</p>"
-         "</header><main>"),
+        (
+            f"<p>{esc(journal)} · {fmt_time(ov['start'], True)} to {fmt_time(ov['end'], True)} "
+            f"({fmt_dur(ov['end'] - ov['start'])}) · {len(ov['runs'])} broker run(s) · "
+            f"schema version {ov['schema_version']} · buckets of {fmt_dur(step)}</p>"
+            "</header><main>"
+        ),
     ]
     if ov.get("dropped"):
-        parts.append(f"<p class='warn'><b>{ov['dropped']:,} events were dropped</b> by the "
-                     "journal writer (its buffer was full): counts below are lower bounds.</p>")
-    parts.append("<div class='cards'>" + "".join(
-        f"<div class='card'><b>{v}</b><span>{esc(k)}</span></div>" for v, k in cards) + "</div>")
+        parts.append(
+            f"<p class='warn'><b>{ov['dropped']:,} events were dropped</b> by the "
+            "journal writer (its buffer was full): counts below are lower bounds.</p>"
+        )
+    parts.append(
+        "<div class='cards'>"
+        + "".join(f"<div class='card'><b>{v}</b><span>{esc(k)}</span></div>" for v, k in cards)
+        + "</div>"
+    )
 
     # -- busiest queues with plots
     parts.append(f"<h2>Busiest queues ({len(busiest)})</h2>")
@@ -322,55 +388,93 @@ def render(*, journal: str, overview: dict[str, Any], queues: list[dict[str, Any
         hi = max(hist, default=0)
         idx = list(range(lo, hi + 1))
         vhost = "" if key[0] == "/" else f" (vhost {key[0]})"
-        facts = (f"published {fmt_num(q.get('published'))} · acked {fmt_num(q.get('acked'))} · "
-                 f"rejected {fmt_num(q.get('rejected'))} · redelivered "
-                 f"{fmt_num(q.get('redelivered'))} · dead-lettered "
-                 f"{fmt_num(q.get('dead_lettered'))} · ack rate {fmt_num(q.get('ack_rate'))}/s "
-                 f"(peak {fmt_num(q.get('peak_ack_rate'))}/s) · processing p50/p95/p99 "
-                 f"{fmt_dur(q.get('latency_p50'))} / {fmt_dur(q.get('latency_p95'))} / "
-                 f"{fmt_dur(q.get('latency_p99'))} · max backlog "
-                 f"{fmt_num(q.get('max_messages'))} msgs ({fmt_bytes(q.get('max_bytes'))}), "
-                 f"oldest {fmt_dur(q.get('max_oldest_age'))}")
-        parts.append(f"<div class='queue'><h3>{esc(key[1])}{esc(vhost)}</h3>"
-                     f"<div class='facts'>{facts}</div><div class='plots'>")
+        facts = (
+            f"published {fmt_num(q.get('published'))} · acked {fmt_num(q.get('acked'))} · "
+            f"rejected {fmt_num(q.get('rejected'))} · redelivered "
+            f"{fmt_num(q.get('redelivered'))} · dead-lettered "
+            f"{fmt_num(q.get('dead_lettered'))} · ack rate {fmt_num(q.get('ack_rate'))}/s "
+            f"(peak {fmt_num(q.get('peak_ack_rate'))}/s) · processing p50/p95/p99 "
+            f"{fmt_dur(q.get('latency_p50'))} / {fmt_dur(q.get('latency_p95'))} / "
+            f"{fmt_dur(q.get('latency_p99'))} · max backlog "
+            f"{fmt_num(q.get('max_messages'))} msgs ({fmt_bytes(q.get('max_bytes'))}), "
+            f"oldest {fmt_dur(q.get('max_oldest_age'))}"
+        )
+        parts.append(
+            f"<div class='queue'><h3>{esc(key[1])}{esc(vhost)}</h3>"
+            f"<div class='facts'>{facts}</div><div class='plots'>"
+        )
         xlim = (t0, t0 + math.ceil((t1 - t0) / step) * step)
-        parts.append(line_chart("throughput (msg/s)", d["t"],
-                                [("published", d["published"]), ("acked", d["acked"])],
-                                xlim=xlim))
-        parts.append(line_chart("backlog (messages held)", d["t"], [("held", d["messages"])],
-                                xlim=xlim))
-        parts.append(line_chart("oldest message age", d["t"], [("age", d["oldest_age"])],
-                                y_fmt=fmt_dur, xlim=xlim))
-        parts.append(bar_chart("processing time (delivery → ack), upper bounds",
-                               [short_label(i) for i in idx],
-                               [float(hist.get(i, 0)) for i in idx],
-                               highlight=[j for j, i in enumerate(idx) if i >= nb - 4]))
+        parts.append(
+            line_chart(
+                "throughput (msg/s)",
+                d["t"],
+                [("published", d["published"]), ("acked", d["acked"])],
+                xlim=xlim,
+            )
+        )
+        parts.append(
+            line_chart("backlog (messages held)", d["t"], [("held", d["messages"])], xlim=xlim)
+        )
+        parts.append(
+            line_chart(
+                "oldest message age", d["t"], [("age", d["oldest_age"])], y_fmt=fmt_dur, xlim=xlim
+            )
+        )
+        parts.append(
+            bar_chart(
+                "processing time (delivery → ack), upper bounds",
+                [short_label(i) for i in idx],
+                [float(hist.get(i, 0)) for i in idx],
+                highlight=[j for j, i in enumerate(idx) if i >= nb - 4],
+            )
+        )
         parts.append("</div></div>")
 
     # -- tables
     qcols: list[tuple[str, str, Callable[[Any], str]]] = [
-        ("vhost", "vhost", esc), ("queue", "queue", esc),
+        ("vhost", "vhost", esc),
+        ("queue", "queue", esc),
         *[(e, e.replace("_", " "), fmt_num) for e in MESSAGE_EVENTS],
-        ("ack_rate", "acks/s", fmt_num), ("peak_ack_rate", "peak acks/s", fmt_num),
-        ("latency_p50", "p50", fmt_dur), ("latency_p95", "p95", fmt_dur),
-        ("latency_p99", "p99", fmt_dur), ("max_messages", "max held", fmt_num),
-        ("max_bytes", "max bytes", fmt_bytes), ("max_oldest_age", "max age", fmt_dur)]
+        ("ack_rate", "acks/s", fmt_num),
+        ("peak_ack_rate", "peak acks/s", fmt_num),
+        ("latency_p50", "p50", fmt_dur),
+        ("latency_p95", "p95", fmt_dur),
+        ("latency_p99", "p99", fmt_dur),
+        ("max_messages", "max held", fmt_num),
+        ("max_bytes", "max bytes", fmt_bytes),
+        ("max_oldest_age", "max age", fmt_dur),
+    ]
     parts.append(f"<h2>Queues ({len(queues)})</h2>")
     parts.append(_table(queues, qcols))
     ccols: list[tuple[str, str, Callable[[Any], str]]] = [
-        ("queue", "queue", esc), ("consumer_tag", "consumer", esc),
-        ("connection_id", "connection", esc), ("delivered", "delivered", fmt_num),
-        ("acked", "acked", fmt_num), ("rejected", "rejected", fmt_num),
-        ("requeued", "requeued", fmt_num), ("ack_rate", "acks/s", fmt_num),
-        ("latency_p50", "p50", fmt_dur), ("latency_p95", "p95", fmt_dur),
-        ("latency_p99", "p99", fmt_dur), ("latency_max", "max", fmt_dur),
-        ("isolated", "isolated", fmt_num), ("last_ack_ts", "last ack", fmt_time),
-        ("removed_reason", "left because", esc)]
+        ("queue", "queue", esc),
+        ("consumer_tag", "consumer", esc),
+        ("connection_id", "connection", esc),
+        ("delivered", "delivered", fmt_num),
+        ("acked", "acked", fmt_num),
+        ("rejected", "rejected", fmt_num),
+        ("requeued", "requeued", fmt_num),
+        ("ack_rate", "acks/s", fmt_num),
+        ("latency_p50", "p50", fmt_dur),
+        ("latency_p95", "p95", fmt_dur),
+        ("latency_p99", "p99", fmt_dur),
+        ("latency_max", "max", fmt_dur),
+        ("isolated", "isolated", fmt_num),
+        ("last_ack_ts", "last ack", fmt_time),
+        ("removed_reason", "left because", esc),
+    ]
     parts.append(f"<h2>Consumers ({len(consumers)})</h2>")
-    parts.append("<p class='muted'>Highlighted: isolated, or given messages it never settled."
-                 "</p>")
-    parts.append(_table(consumers, ccols, warn=lambda r: bool(r.get("isolated")) or (
-        (r.get("delivered") or 0) > 0 and not (r.get("acked") or r.get("rejected")))))
+    parts.append("<p class='muted'>Highlighted: isolated, or given messages it never settled.</p>")
+    parts.append(
+        _table(
+            consumers,
+            ccols,
+            warn=lambda r: (
+                bool(r.get("isolated"))
+                or ((r.get("delivered") or 0) > 0 and not (r.get("acked") or r.get("rejected")))
+            ),
+        )
+    )
 
     parts.append("<h2>Dead letters and drops by reason</h2><div class='plots'>")
     reasons: dict[str, float] = {}
@@ -378,26 +482,63 @@ def render(*, journal: str, overview: dict[str, Any], queues: list[dict[str, Any
         k = f"{r['outcome'].replace('_', '-')} ({r['reason']})"
         reasons[k] = reasons.get(k, 0) + r["count"]
     if reasons:
-        parts.append(bar_chart("messages by fate and reason", list(reasons),
-                               list(reasons.values()), color=PALETTE[1],
-                               width=max(310, 60 + 170 * len(reasons))))
+        parts.append(
+            bar_chart(
+                "messages by fate and reason",
+                list(reasons),
+                list(reasons.values()),
+                color=PALETTE[1],
+                width=max(310, 60 + 170 * len(reasons)),
+            )
+        )
     parts.append("</div>")
-    parts.append(_table(dead_letters, [("vhost", "vhost", esc), ("queue", "queue", esc),
-                                       ("outcome", "outcome", esc), ("reason", "reason", esc),
-                                       ("count", "messages", fmt_num)]))
+    parts.append(
+        _table(
+            dead_letters,
+            [
+                ("vhost", "vhost", esc),
+                ("queue", "queue", esc),
+                ("outcome", "outcome", esc),
+                ("reason", "reason", esc),
+                ("count", "messages", fmt_num),
+            ],
+        )
+    )
     parts.append("<h2>Redeliveries by reason</h2>")
-    parts.append(_table(redeliveries, [("vhost", "vhost", esc), ("queue", "queue", esc),
-                                       ("reason", "reason", esc),
-                                       ("count", "messages", fmt_num)]))
+    parts.append(
+        _table(
+            redeliveries,
+            [
+                ("vhost", "vhost", esc),
+                ("queue", "queue", esc),
+                ("reason", "reason", esc),
+                ("count", "messages", fmt_num),
+            ],
+        )
+    )
     parts.append(f"<h2>Policy actions ({len(actions)})</h2>")
-    parts.append(_table(actions, [
-        ("ts", "time", fmt_time), ("event", "event", esc), ("queue", "queue", esc),
-        ("policy", "policy", esc), ("action", "action", esc),
-        ("consumer_tag", "consumer", esc), ("threshold", "threshold", esc),
-        ("configured", "configured", fmt_num), ("measured", "measured", fmt_num),
-        ("outcome", "outcome", esc), ("reason", "reason", esc)]))
-    parts.append("</main><footer>Generated by <code>plugbroker analyze report</code>. Every "
-                 "table is also in <code>tables/</code> (Parquet) and <code>csv/</code>. "
-                 "Times are UTC; processing time is the time from a delivery to the ack or "
-                 "reject of it on the same channel.</footer></body></html>")
+    parts.append(
+        _table(
+            actions,
+            [
+                ("ts", "time", fmt_time),
+                ("event", "event", esc),
+                ("queue", "queue", esc),
+                ("policy", "policy", esc),
+                ("action", "action", esc),
+                ("consumer_tag", "consumer", esc),
+                ("threshold", "threshold", esc),
+                ("configured", "configured", fmt_num),
+                ("measured", "measured", fmt_num),
+                ("outcome", "outcome", esc),
+                ("reason", "reason", esc),
+            ],
+        )
+    )
+    parts.append(
+        "</main><footer>Generated by <code>plugbroker analyze report</code>. Every "
+        "table is also in <code>tables/</code> (Parquet) and <code>csv/</code>. "
+        "Times are UTC; processing time is the time from a delivery to the ack or "
+        "reject of it on the same channel.</footer></body></html>"
+    )
     return "".join(parts)

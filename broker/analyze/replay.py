@@ -47,12 +47,54 @@ from broker.policy import (
 log = logging.getLogger("broker.analyze.replay")
 
 #: the columns a replayed event carries, in this order
-COLUMNS = ("run", "seq", "ts", "event", "vhost", "queue", "exchange", "routing_key",
-           "consumer_tag", "connection_id", "channel_id", "message_id", "body_size",
-           "delivery_count", "no_ack", "requeue", "durable", "exclusive", "auto_delete", "count",
-           "reason", "detail")
-(RUN, SEQ, TS, EVENT, VHOST, QUEUE, EXCHANGE, ROUTING_KEY, TAG, CONN, CHANNEL, MID, SIZE, DCOUNT,
- NO_ACK, REQUEUE, DURABLE, EXCLUSIVE, AUTO_DELETE, COUNT, REASON, DETAIL) = range(len(COLUMNS))
+COLUMNS = (
+    "run",
+    "seq",
+    "ts",
+    "event",
+    "vhost",
+    "queue",
+    "exchange",
+    "routing_key",
+    "consumer_tag",
+    "connection_id",
+    "channel_id",
+    "message_id",
+    "body_size",
+    "delivery_count",
+    "no_ack",
+    "requeue",
+    "durable",
+    "exclusive",
+    "auto_delete",
+    "count",
+    "reason",
+    "detail",
+)
+(
+    RUN,
+    SEQ,
+    TS,
+    EVENT,
+    VHOST,
+    QUEUE,
+    EXCHANGE,
+    ROUTING_KEY,
+    TAG,
+    CONN,
+    CHANNEL,
+    MID,
+    SIZE,
+    DCOUNT,
+    NO_ACK,
+    REQUEUE,
+    DURABLE,
+    EXCLUSIVE,
+    AUTO_DELETE,
+    COUNT,
+    REASON,
+    DETAIL,
+) = range(len(COLUMNS))
 
 READY, UNACKED, PENDING = 0, 1, 2
 
@@ -76,8 +118,9 @@ class ConsumerState:
         "unacked",
     )
 
-    def __init__(self, tag: str, conn: str, channel: int, prefetch: int = 0,
-                 no_ack: bool = False) -> None:
+    def __init__(
+        self, tag: str, conn: str, channel: int, prefetch: int = 0, no_ack: bool = False
+    ) -> None:
         self.tag = tag
         self.conn = conn
         self.channel = channel
@@ -89,9 +132,17 @@ class ConsumerState:
         self.no_ack = no_ack
 
     def view(self) -> ConsumerView:
-        return ConsumerView(self.tag, self.conn, self.channel, max(self.unacked, 0),
-                            self.last_ack, self.first_delivery, self.isolated, self.prefetch,
-                            self.no_ack)
+        return ConsumerView(
+            self.tag,
+            self.conn,
+            self.channel,
+            max(self.unacked, 0),
+            self.last_ack,
+            self.first_delivery,
+            self.isolated,
+            self.prefetch,
+            self.no_ack,
+        )
 
 
 class QueueState:
@@ -116,8 +167,15 @@ class QueueState:
         "vhost",
     )
 
-    def __init__(self, vhost: str, name: str, durable: bool = False, auto_delete: bool = False,
-                 exclusive: bool = False, subscription_type: str | None = None) -> None:
+    def __init__(
+        self,
+        vhost: str,
+        name: str,
+        durable: bool = False,
+        auto_delete: bool = False,
+        exclusive: bool = False,
+        subscription_type: str | None = None,
+    ) -> None:
         self.vhost = vhost
         self.name = name
         self.durable = durable
@@ -143,11 +201,23 @@ class QueueState:
         oldest = next(iter(held.values()))[0] if n else None
         sub = getattr(policy, "subscription", None) or self.subscription_type
         return QueueView(
-            self.vhost, self.name, self.durable, self.auto_delete, self.exclusive, sub, n,
-            self.bytes, self.ready, max(n - self.ready - self.pending, 0), oldest,
-            self.acks_total, tuple(c.view() for c in self.consumers.values()),
-            tuple((ex, etype, key) for (ex, key), etype in self.bindings.items()), policy,
-            tuple(self.getters))
+            self.vhost,
+            self.name,
+            self.durable,
+            self.auto_delete,
+            self.exclusive,
+            sub,
+            n,
+            self.bytes,
+            self.ready,
+            max(n - self.ready - self.pending, 0),
+            oldest,
+            self.acks_total,
+            tuple(c.view() for c in self.consumers.values()),
+            tuple((ex, etype, key) for (ex, key), etype in self.bindings.items()),
+            policy,
+            tuple(self.getters),
+        )
 
 
 # ---------------------------------------------------------------------------------- policies
@@ -214,9 +284,14 @@ def policy_checks(config: Any, plugins: Any, every: float | None = None) -> list
         return cache[name]
 
     default = float(config.housekeeping_period)
-    checks = [PolicyCheck(
-        name=slow_consumer.JOB_NAME, section="consumer", period=every or default,
-        evaluate=lambda snap, state: slow_consumer.evaluate(snap, state, policy_for))]
+    checks = [
+        PolicyCheck(
+            name=slow_consumer.JOB_NAME,
+            section="consumer",
+            period=every or default,
+            evaluate=lambda snap, state: slow_consumer.evaluate(snap, state, policy_for),
+        )
+    ]
     try:
         isolation = importlib.import_module("plugins.isolation")
     except ImportError:
@@ -226,12 +301,22 @@ def policy_checks(config: Any, plugins: Any, every: float | None = None) -> list
         period = every or period_for(config, "isolation.checkPeriod") or default
         wants_policies = "policy_for" in inspect.signature(evaluate).parameters
 
-        def fn(snap: Snapshot, state: dict[Any, Any], ev: Any = evaluate,
-               with_policies: bool = wants_policies) -> list[Action]:
+        def fn(
+            snap: Snapshot,
+            state: dict[Any, Any],
+            ev: Any = evaluate,
+            with_policies: bool = wants_policies,
+        ) -> list[Action]:
             return ev(snap, state, policy_for) if with_policies else ev(snap, state)
 
-        checks.append(PolicyCheck(name=getattr(isolation, "JOB_NAME", "isolation"),
-                                  section="isolation", period=float(period), evaluate=fn))
+        checks.append(
+            PolicyCheck(
+                name=getattr(isolation, "JOB_NAME", "isolation"),
+                section="isolation",
+                period=float(period),
+                evaluate=fn,
+            )
+        )
     return checks
 
 
@@ -249,8 +334,13 @@ class Replayer:
         it starts.
     """
 
-    def __init__(self, config: Any, checks: Sequence[PolicyCheck],
-                 runs: Sequence[tuple[str, float, float]], start: float) -> None:
+    def __init__(
+        self,
+        config: Any,
+        checks: Sequence[PolicyCheck],
+        runs: Sequence[tuple[str, float, float]],
+        start: float,
+    ) -> None:
         self.config = config
         self.checks = list(checks)
         self.runs = sorted(runs, key=lambda r: r[1])
@@ -350,8 +440,11 @@ class Replayer:
         pol = q.policy
         if pol is None:
             vc = self.config.vhosts.get(q.vhost)
-            pol = vc.resolve(q.name, [(ex, etype, key) for (ex, key), etype in
-                                      q.bindings.items()]) if vc is not None else {}
+            pol = (
+                vc.resolve(q.name, [(ex, etype, key) for (ex, key), etype in q.bindings.items()])
+                if vc is not None
+                else {}
+            )
             q.policy = pol
         return pol
 
@@ -382,20 +475,36 @@ class Replayer:
             if a.measured is not None:
                 row["measured_max"] = max(row["measured_max"] or a.measured, a.measured)
             return key
-        row = {"at": now, "until": now, "checks": 1, "job": check.name, "policy": a.policy,
-               "action": type(a).__name__, "vhost": a.vhost, "queue": a.queue,
-               "consumer_tag": tag, "connection_id": conn, "threshold": a.threshold or None,
-               "configured": _f(a.configured), "measured": _f(a.measured),
-               "measured_max": _f(a.measured), "reason": a.reason, "outcome": outcome,
-               "_last_check": check.checks}
+        row = {
+            "at": now,
+            "until": now,
+            "checks": 1,
+            "job": check.name,
+            "policy": a.policy,
+            "action": type(a).__name__,
+            "vhost": a.vhost,
+            "queue": a.queue,
+            "consumer_tag": tag,
+            "connection_id": conn,
+            "threshold": a.threshold or None,
+            "configured": _f(a.configured),
+            "measured": _f(a.measured),
+            "measured_max": _f(a.measured),
+            "reason": a.reason,
+            "outcome": outcome,
+            "_last_check": check.checks,
+        }
         self.actions.append(row)
         if repeat:
             self._open[key] = row
         return key
 
-    def _close_streaks(self, job: str, check_no: int,
-                       keep: frozenset[tuple[Any, ...]] | set[tuple[Any, ...]] = frozenset()
-                       ) -> None:
+    def _close_streaks(
+        self,
+        job: str,
+        check_no: int,
+        keep: frozenset[tuple[Any, ...]] | set[tuple[Any, ...]] = frozenset(),
+    ) -> None:
         for key in [k for k in self._open if k[0] == job and k not in keep]:
             del self._open[key]
 
@@ -566,8 +675,9 @@ def _on_gone(r: Replayer, ev: Sequence[Any], now: float) -> None:
 
 def _on_consumer_added(r: Replayer, ev: Sequence[Any], now: float) -> None:
     q = r.queue(ev)
-    q.consumers[(ev[CONN], ev[TAG])] = ConsumerState(ev[TAG], ev[CONN], ev[CHANNEL] or 0,
-                                                     int(ev[COUNT] or 0), bool(ev[NO_ACK]))
+    q.consumers[(ev[CONN], ev[TAG])] = ConsumerState(
+        ev[TAG], ev[CONN], ev[CHANNEL] or 0, int(ev[COUNT] or 0), bool(ev[NO_ACK])
+    )
 
 
 def _on_consumer_removed(r: Replayer, ev: Sequence[Any], now: float) -> None:
@@ -579,8 +689,14 @@ def _on_consumer_removed(r: Replayer, ev: Sequence[Any], now: float) -> None:
 def _on_queue_declared(r: Replayer, ev: Sequence[Any], now: float) -> None:
     key = (ev[VHOST], ev[QUEUE])
     old = r.queues.get(key)
-    q = QueueState(ev[VHOST], ev[QUEUE], bool(ev[DURABLE]), bool(ev[AUTO_DELETE]),
-                   bool(ev[EXCLUSIVE]), ev[DETAIL])
+    q = QueueState(
+        ev[VHOST],
+        ev[QUEUE],
+        bool(ev[DURABLE]),
+        bool(ev[AUTO_DELETE]),
+        bool(ev[EXCLUSIVE]),
+        ev[DETAIL],
+    )
     if old is not None and ev[REASON] == "existing":
         # the journal's opening inventory of a queue the replay already knows: keep its figures
         old.durable, old.auto_delete, old.exclusive = q.durable, q.auto_delete, q.exclusive
@@ -624,9 +740,16 @@ _HANDLERS: dict[str, Callable[[Replayer, Sequence[Any], float], None]] = {
 }
 
 
-def replay_partition(rows: Iterator[Any], *, config_text: str, config_name: str,
-                     every: float | None, runs: Sequence[tuple[str, float, float]],
-                     start: float, end: float) -> Iterator[dict[str, Any]]:
+def replay_partition(
+    rows: Iterator[Any],
+    *,
+    config_text: str,
+    config_name: str,
+    every: float | None,
+    runs: Sequence[tuple[str, float, float]],
+    start: float,
+    end: float,
+) -> Iterator[dict[str, Any]]:
     """A Spark ``mapPartitions`` function: replay the events of some queues (sorted by run and
     seq) and yield the actions the candidate's policies would have asked for."""
     config, plugins = load_candidate(config_text, config_name)

@@ -41,8 +41,15 @@ from broker.analyze.events import (
 )
 from broker.analyze.spark import Progress, Scratch, get_spark
 
-TABLES = ("queues", "consumers", "series", "processing_time", "dead_letters", "redeliveries",
-          "policy_actions")
+TABLES = (
+    "queues",
+    "consumers",
+    "series",
+    "processing_time",
+    "dead_letters",
+    "redeliveries",
+    "policy_actions",
+)
 STEPS = 10
 
 
@@ -60,9 +67,18 @@ class ReportResult:
     seconds: float = 0.0
 
 
-def report(journal: str | Path, out: str | Path, *, spark: Any = None, master: str | None = None,
-           top: int = 12, buckets: int = 240, quiet: bool = False,
-           write_csv: bool = True, scratch: str | None = None) -> ReportResult:
+def report(
+    journal: str | Path,
+    out: str | Path,
+    *,
+    spark: Any = None,
+    master: str | None = None,
+    top: int = 12,
+    buckets: int = 240,
+    quiet: bool = False,
+    write_csv: bool = True,
+    scratch: str | None = None,
+) -> ReportResult:
     """Compute every table from the journal at ``journal``, write them and the page to ``out``.
 
     The heavy lifting (lifecycles, pairing, percentiles, aggregations) runs in Spark; the
@@ -85,19 +101,23 @@ def report(journal: str | Path, out: str | Path, *, spark: Any = None, master: s
     overview, run_rows = _overview(events)
     run_table = spark.createDataFrame(
         [(r["run"], r["run_start"], r["run_end"], r["last"]) for r in run_rows],
-        "run string, run_start double, run_end double, last boolean")
+        "run string, run_start double, run_end double, last boolean",
+    )
     t0, t1 = overview["start"], overview["end"]
     step = nice_step(max(t1 - t0, 1e-3), buckets)
     overview["bucket_seconds"] = step
-    progress.say(f"  {overview['events']:,} events, {len(run_rows)} run(s), "
-                 f"{t1 - t0:.1f} s of traffic, buckets of {step:g} s")
+    progress.say(
+        f"  {overview['events']:,} events, {len(run_rows)} run(s), "
+        f"{t1 - t0:.1f} s of traffic, buckets of {step:g} s"
+    )
 
     with Scratch(spark, scratch) as work:
         progress.step("message lifecycles, backlog and oldest-message age over time")
         facts = work.materialize(message_facts(events), "facts")
         life = lifecycles(facts, events, run_table)
-        series = backlog_series(events, life, t0, step).orderBy("vhost", "queue", "bucket") \
-            .toArrow()
+        series = (
+            backlog_series(events, life, t0, step).orderBy("vhost", "queue", "bucket").toArrow()
+        )
 
         progress.step("pairing deliveries with acks (processing time)")
         pairs = work.materialize(settlements(events, facts), "pairs")
@@ -111,32 +131,63 @@ def report(journal: str | Path, out: str | Path, *, spark: Any = None, master: s
         consumers = _consumers(events, pairs).toArrow()
 
         progress.step("processing-time distribution")
-        hist = acked.groupBy("vhost", "queue",
-                             latency_bucket(F.col("latency")).alias("bucket")).count() \
-            .withColumn("label", _label_col(F.col("bucket"))) \
-            .withColumn("upper_s", _upper_col(F.col("bucket"))) \
-            .orderBy("vhost", "queue", "bucket").toArrow()
+        hist = (
+            acked.groupBy("vhost", "queue", latency_bucket(F.col("latency")).alias("bucket"))
+            .count()
+            .withColumn("label", _label_col(F.col("bucket")))
+            .withColumn("upper_s", _upper_col(F.col("bucket")))
+            .orderBy("vhost", "queue", "bucket")
+            .toArrow()
+        )
         overview["latency"] = acked.agg(*_latency_aggs()).collect()[0].asDict()
 
     progress.step("dead letters, drops and redeliveries by reason")
-    fate = events.where(F.col("event").isin("dead_lettered", "dropped", "redelivered")) \
-        .groupBy("vhost", "queue", "event", "reason").count() \
-        .orderBy(F.desc("count"), "vhost", "queue").toArrow()
+    fate = (
+        events.where(F.col("event").isin("dead_lettered", "dropped", "redelivered"))
+        .groupBy("vhost", "queue", "event", "reason")
+        .count()
+        .orderBy(F.desc("count"), "vhost", "queue")
+        .toArrow()
+    )
     is_redel = pc.equal(fate.column("event"), "redelivered")
     dead = fate.filter(pc.invert(is_redel)).rename_columns(
-        ["vhost", "queue", "outcome", "reason", "count"])
+        ["vhost", "queue", "outcome", "reason", "count"]
+    )
     redel = fate.filter(is_redel).drop_columns(["event"])
 
     progress.step("policy actions")
-    actions = events.where(F.col("event").isin(
-        "policy_action", "consumer_isolated", "consumer_released")).orderBy("run", "seq").select(
-        "ts", "event", "vhost", "queue", "policy", "action", "consumer_tag", "connection_id",
-        "threshold", "configured", "measured", "outcome", "reason", "count").toArrow()
+    actions = (
+        events.where(F.col("event").isin("policy_action", "consumer_isolated", "consumer_released"))
+        .orderBy("run", "seq")
+        .select(
+            "ts",
+            "event",
+            "vhost",
+            "queue",
+            "policy",
+            "action",
+            "consumer_tag",
+            "connection_id",
+            "threshold",
+            "configured",
+            "measured",
+            "outcome",
+            "reason",
+            "count",
+        )
+        .toArrow()
+    )
 
     progress.step("writing the tables")
-    tables = {"queues": queues, "consumers": consumers, "series": series,
-              "processing_time": hist, "dead_letters": dead, "redeliveries": redel,
-              "policy_actions": actions}
+    tables = {
+        "queues": queues,
+        "consumers": consumers,
+        "series": series,
+        "processing_time": hist,
+        "dead_letters": dead,
+        "redeliveries": redel,
+        "policy_actions": actions,
+    }
     for name, tbl in tables.items():
         _write(tbl, out, name, write_csv)
 
@@ -148,9 +199,12 @@ def report(journal: str | Path, out: str | Path, *, spark: Any = None, master: s
     result.dead_letters = dead.slice(0, 500).to_pylist()
     overview["queues"] = len(result.queues)
     overview["consumers"] = consumers.num_rows
-    busiest = [(q["vhost"], q["queue"]) for q in
-               sorted(result.queues, key=lambda q: -((q["published"] or 0)
-                                                     + (q["delivered"] or 0)))[:top]]
+    busiest = [
+        (q["vhost"], q["queue"])
+        for q in sorted(
+            result.queues, key=lambda q: -((q["published"] or 0) + (q["delivered"] or 0))
+        )[:top]
+    ]
     wanted = pa.array([f"{v}\u0000{q}" for v, q in busiest], pa.string())
 
     def pick(tbl: pa.Table) -> list[dict[str, Any]]:
@@ -159,11 +213,21 @@ def report(journal: str | Path, out: str | Path, *, spark: Any = None, master: s
 
     from broker.analyze.htmlreport import render
 
-    html = render(journal=str(journal), overview=overview, queues=result.queues,
-                  consumers=result.consumers, series=pick(series), histograms=pick(hist),
-                  busiest=busiest, dead_letters=result.dead_letters,
-                  redeliveries=redel.slice(0, 500).to_pylist(), actions=result.policy_actions,
-                  step=step, t0=t0, t1=t1)
+    html = render(
+        journal=str(journal),
+        overview=overview,
+        queues=result.queues,
+        consumers=result.consumers,
+        series=pick(series),
+        histograms=pick(hist),
+        busiest=busiest,
+        dead_letters=result.dead_letters,
+        redeliveries=redel.slice(0, 500).to_pylist(),
+        actions=result.policy_actions,
+        step=step,
+        t0=t0,
+        t1=t1,
+    )
     result.html.write_text(html, encoding="utf-8")
     (out / "overview.json").write_text(json.dumps(overview, indent=2, default=str) + "\n")
     result.seconds = progress.elapsed
@@ -174,8 +238,14 @@ def report(journal: str | Path, out: str | Path, *, spark: Any = None, master: s
 def _queues(series: pa.Table, lat_q: pa.Table, t0: float, step: float) -> pa.Table:
     """Per-queue totals from the series (counts summed, peaks), joined with the latencies."""
     aggs = [(e, "sum") for e in MESSAGE_EVENTS] + [
-        ("acked", "max"), ("published", "max"), ("messages", "max"), ("bytes", "max"),
-        ("oldest_age", "max"), ("bucket", "min"), ("bucket", "max")]
+        ("acked", "max"),
+        ("published", "max"),
+        ("messages", "max"),
+        ("bytes", "max"),
+        ("oldest_age", "max"),
+        ("bucket", "min"),
+        ("bucket", "max"),
+    ]
     sums = series.group_by(["vhost", "queue"]).aggregate(aggs).to_pylist()
     lat = {(r["vhost"], r["queue"]): r for r in lat_q.to_pylist()}
     rows = []
@@ -184,25 +254,48 @@ def _queues(series: pa.Table, lat_q: pa.Table, t0: float, step: float) -> pa.Tab
         la = lat.get((s["vhost"], s["queue"]), {})
         row: dict[str, Any] = {"vhost": s["vhost"], "queue": s["queue"]}
         row.update({e: int(s[f"{e}_sum"] or 0) for e in MESSAGE_EVENTS})
-        row.update({
-            "ack_rate": row["acked"] / active, "peak_ack_rate": (s["acked_max"] or 0) / step,
-            "publish_rate": row["published"] / active,
-            "latency_p50": la.get("latency_p50"), "latency_p95": la.get("latency_p95"),
-            "latency_p99": la.get("latency_p99"), "latency_max": la.get("latency_max"),
-            "max_messages": int(s["messages_max"] or 0), "max_bytes": int(s["bytes_max"] or 0),
-            "max_oldest_age": float(s["oldest_age_max"] or 0.0),
-            "first_ts": t0 + s["bucket_min"] * step, "last_ts": t0 + (s["bucket_max"] + 1) * step,
-        })
+        row.update(
+            {
+                "ack_rate": row["acked"] / active,
+                "peak_ack_rate": (s["acked_max"] or 0) / step,
+                "publish_rate": row["published"] / active,
+                "latency_p50": la.get("latency_p50"),
+                "latency_p95": la.get("latency_p95"),
+                "latency_p99": la.get("latency_p99"),
+                "latency_max": la.get("latency_max"),
+                "max_messages": int(s["messages_max"] or 0),
+                "max_bytes": int(s["bytes_max"] or 0),
+                "max_oldest_age": float(s["oldest_age_max"] or 0.0),
+                "first_ts": t0 + s["bucket_min"] * step,
+                "last_ts": t0 + (s["bucket_max"] + 1) * step,
+            }
+        )
         rows.append(row)
     rows.sort(key=lambda r: (-r["published"], r["vhost"], r["queue"]))
-    schema = pa.schema([("vhost", pa.string()), ("queue", pa.string()),
-                        *[(e, pa.int64()) for e in MESSAGE_EVENTS],
-                        *[(c, pa.float64()) for c in (
-                            "ack_rate", "peak_ack_rate", "publish_rate", "latency_p50",
-                            "latency_p95", "latency_p99", "latency_max")],
-                        ("max_messages", pa.int64()), ("max_bytes", pa.int64()),
-                        ("max_oldest_age", pa.float64()), ("first_ts", pa.float64()),
-                        ("last_ts", pa.float64())])
+    schema = pa.schema(
+        [
+            ("vhost", pa.string()),
+            ("queue", pa.string()),
+            *[(e, pa.int64()) for e in MESSAGE_EVENTS],
+            *[
+                (c, pa.float64())
+                for c in (
+                    "ack_rate",
+                    "peak_ack_rate",
+                    "publish_rate",
+                    "latency_p50",
+                    "latency_p95",
+                    "latency_p99",
+                    "latency_max",
+                )
+            ],
+            ("max_messages", pa.int64()),
+            ("max_bytes", pa.int64()),
+            ("max_oldest_age", pa.float64()),
+            ("first_ts", pa.float64()),
+            ("last_ts", pa.float64()),
+        ]
+    )
     return pa.Table.from_pylist(rows, schema=schema)
 
 
@@ -210,8 +303,13 @@ def _latency_aggs() -> list[Any]:
     from pyspark.sql import functions as F
 
     q = F.percentile_approx("latency", [0.5, 0.95, 0.99], 10000)
-    return [q[0].alias("latency_p50"), q[1].alias("latency_p95"), q[2].alias("latency_p99"),
-            F.max("latency").alias("latency_max"), F.count(F.lit(1)).alias("latency_n")]
+    return [
+        q[0].alias("latency_p50"),
+        q[1].alias("latency_p95"),
+        q[2].alias("latency_p99"),
+        F.max("latency").alias("latency_max"),
+        F.count(F.lit(1)).alias("latency_n"),
+    ]
 
 
 def _label_col(c: Any) -> Any:
@@ -232,10 +330,17 @@ def _overview(events: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Event counts, time span, drops and runs, in one pass over the journal."""
     from pyspark.sql import functions as F
 
-    rows = events.groupBy("run", "event").agg(
-        F.count(F.lit(1)).alias("n"), F.min("ts").alias("start"), F.max("ts").alias("end"),
-        F.sum(F.when(F.col("event") == "journal_dropped", F.col("count"))).alias("dropped"),
-        F.max("schema_version").alias("version")).collect()
+    rows = (
+        events.groupBy("run", "event")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min("ts").alias("start"),
+            F.max("ts").alias("end"),
+            F.sum(F.when(F.col("event") == "journal_dropped", F.col("count"))).alias("dropped"),
+            F.max("schema_version").alias("version"),
+        )
+        .collect()
+    )
     if not rows:
         from broker.analyze.events import JournalError
 
@@ -244,8 +349,9 @@ def _overview(events: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     per_run: dict[str, dict[str, Any]] = {}
     for r in rows:
         by_event[r["event"]] = by_event.get(r["event"], 0) + r["n"]
-        run = per_run.setdefault(r["run"], {"run": r["run"], "run_start": r["start"],
-                                            "run_end": r["end"], "events": 0})
+        run = per_run.setdefault(
+            r["run"], {"run": r["run"], "run_start": r["start"], "run_end": r["end"], "events": 0}
+        )
         run["run_start"] = min(run["run_start"], r["start"])
         run["run_end"] = max(run["run_end"], r["end"])
         run["events"] += r["n"]
@@ -269,32 +375,62 @@ def _consumers(events: Any, pairs: Any) -> Any:
 
     ev = F.col("event")
     key = ["vhost", "queue", "connection_id", "consumer_tag"]
-    base = events.where(F.col("consumer_tag").isNotNull() & F.col("queue").isNotNull()
-                        & ev.isin("delivered", "acked", "rejected", "consumer_added",
-                                  "consumer_isolated"))
-    counts = base.groupBy(*key).agg(
-        F.sum((ev == "delivered").cast("int")).alias("delivered"),
-        F.sum((ev == "acked").cast("int")).alias("acked"),
-        F.sum((ev == "rejected").cast("int")).alias("rejected"),
-        F.sum(((ev == "rejected") & F.col("requeue")).cast("int")).alias("requeued"),
-        F.sum((ev == "consumer_isolated").cast("int")).alias("isolated"),
-        F.max(F.when(ev == "consumer_added", F.col("no_ack"))).alias("no_ack"),
-        F.max(F.when(ev == "consumer_added", F.col("count"))).alias("prefetch"),
-        F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"),
-        F.max(F.when(ev.isin("acked", "rejected"), F.col("ts"))).alias("last_ack_ts"),
-    ).withColumn("consumer", consumer_id())
-    removed = events.where(ev == "consumer_removed").groupBy(*key).agg(
-        F.max_by("reason", "ts").alias("removed_reason"), F.max("ts").alias("removed_ts"))
-    lat = pairs.where(F.col("kind") == "acked").groupBy("vhost", "queue", "consumer").agg(
-        *_latency_aggs())
+    base = events.where(
+        F.col("consumer_tag").isNotNull()
+        & F.col("queue").isNotNull()
+        & ev.isin("delivered", "acked", "rejected", "consumer_added", "consumer_isolated")
+    )
+    counts = (
+        base.groupBy(*key)
+        .agg(
+            F.sum((ev == "delivered").cast("int")).alias("delivered"),
+            F.sum((ev == "acked").cast("int")).alias("acked"),
+            F.sum((ev == "rejected").cast("int")).alias("rejected"),
+            F.sum(((ev == "rejected") & F.col("requeue")).cast("int")).alias("requeued"),
+            F.sum((ev == "consumer_isolated").cast("int")).alias("isolated"),
+            F.max(F.when(ev == "consumer_added", F.col("no_ack"))).alias("no_ack"),
+            F.max(F.when(ev == "consumer_added", F.col("count"))).alias("prefetch"),
+            F.min("ts").alias("first_ts"),
+            F.max("ts").alias("last_ts"),
+            F.max(F.when(ev.isin("acked", "rejected"), F.col("ts"))).alias("last_ack_ts"),
+        )
+        .withColumn("consumer", consumer_id())
+    )
+    removed = (
+        events.where(ev == "consumer_removed")
+        .groupBy(*key)
+        .agg(F.max_by("reason", "ts").alias("removed_reason"), F.max("ts").alias("removed_ts"))
+    )
+    lat = (
+        pairs.where(F.col("kind") == "acked")
+        .groupBy("vhost", "queue", "consumer")
+        .agg(*_latency_aggs())
+    )
     span = F.greatest(F.coalesce("removed_ts", "last_ts") - F.col("first_ts"), F.lit(1e-3))
-    return counts.join(lat, ["vhost", "queue", "consumer"], "left") \
-        .join(removed, key, "left").select(
-        *key, "delivered", "acked", "rejected", "requeued",
-        (F.col("acked") / span).alias("ack_rate"),
-        "latency_p50", "latency_p95", "latency_p99", "latency_max",
-        "isolated", "no_ack", "prefetch", "first_ts", "last_ts", "last_ack_ts",
-        "removed_reason").orderBy("vhost", "queue", F.desc("delivered"))
+    return (
+        counts.join(lat, ["vhost", "queue", "consumer"], "left")
+        .join(removed, key, "left")
+        .select(
+            *key,
+            "delivered",
+            "acked",
+            "rejected",
+            "requeued",
+            (F.col("acked") / span).alias("ack_rate"),
+            "latency_p50",
+            "latency_p95",
+            "latency_p99",
+            "latency_max",
+            "isolated",
+            "no_ack",
+            "prefetch",
+            "first_ts",
+            "last_ts",
+            "last_ack_ts",
+            "removed_reason",
+        )
+        .orderBy("vhost", "queue", F.desc("delivered"))
+    )
 
 
 def _write(tbl: pa.Table, out: Path, name: str, write_csv: bool) -> None:

@@ -15,8 +15,9 @@ from typing import IO, Any
 APP_NAME = "plugbroker-analyze"
 
 
-def get_spark(master: str | None = None, conf: Mapping[str, str] | None = None,
-              app_name: str = APP_NAME) -> Any:
+def get_spark(
+    master: str | None = None, conf: Mapping[str, str] | None = None, app_name: str = APP_NAME
+) -> Any:
     """The active SparkSession, or a new one (``master`` only when given)."""
     from pyspark.sql import SparkSession
 
@@ -28,8 +29,9 @@ def get_spark(master: str | None = None, conf: Mapping[str, str] | None = None,
         builder = builder.master(master)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     # Spark's own stage progress bar on a terminal; plain step lines (Progress) otherwise
-    builder = builder.config("spark.ui.showConsoleProgress",
-                             "true" if sys.stderr.isatty() else "false")
+    builder = builder.config(
+        "spark.ui.showConsoleProgress", "true" if sys.stderr.isatty() else "false"
+    )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -44,8 +46,15 @@ class Progress:
     names when a cluster runs the job.
     """
 
-    def __init__(self, job: str, total: int, *, spark: Any = None, quiet: bool = False,
-                 out: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        job: str,
+        total: int,
+        *,
+        spark: Any = None,
+        quiet: bool = False,
+        out: IO[str] | None = None,
+    ) -> None:
         self.job = job
         self.total = total
         self.spark = spark
@@ -99,7 +108,7 @@ class Scratch:
         df.write.mode("overwrite").parquet(where)
         return self.spark.read.parquet(where)
 
-    def __enter__(self) -> Scratch:  # noqa: PYI034 - final class in all but name
+    def __enter__(self) -> Scratch:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -37,8 +37,9 @@ import pyarrow.parquet as pq
 from plugins.journal import FIELDS, SCHEMA, SCHEMA_VERSION
 
 _STRING_COLS = [n for n, t in FIELDS if t == pa.string() and n != "run"]
-_NUMERIC = {n: t for n, t in FIELDS if t != pa.string() and n not in ("ts_us", "seq",
-                                                                       "schema_version")}
+_NUMERIC = {
+    n: t for n, t in FIELDS if t != pa.string() and n not in ("ts_us", "seq", "schema_version")
+}
 
 
 @dataclass
@@ -65,8 +66,11 @@ class _Builder:
         n = len(ts)
         if n == 0:
             return
-        chunk: dict[str, Any] = {"n": n, "ts": np.asarray(ts, dtype=np.float64),
-                                 "event": np.full(n, self.code(event), dtype=np.int32)}
+        chunk: dict[str, Any] = {
+            "n": n,
+            "ts": np.asarray(ts, dtype=np.float64),
+            "event": np.full(n, self.code(event), dtype=np.int32),
+        }
         for name, value in cols.items():
             if name in _STRING_COLS:
                 if isinstance(value, str) or value is None:
@@ -91,14 +95,20 @@ class _Builder:
             elif name == "seq":
                 arrays.append(pa.array(np.arange(start_seq, start_seq + n, dtype=np.int64)))
             elif name == "run":
-                arrays.append(pa.array([run] * n, pa.string()) if n < 1_000_000 else
-                              pa.DictionaryArray.from_arrays(
-                                  pa.array(np.zeros(n, dtype=np.int32)),
-                                  pa.array([run])).cast(pa.string()))
+                arrays.append(
+                    pa.array([run] * n, pa.string())
+                    if n < 1_000_000
+                    else pa.DictionaryArray.from_arrays(
+                        pa.array(np.zeros(n, dtype=np.int32)), pa.array([run])
+                    ).cast(pa.string())
+                )
             elif name in _STRING_COLS or name == "event":
-                codes = np.concatenate([c[name] if name in c else
-                                        np.full(c["n"], -1, dtype=np.int32)
-                                        for c in self.chunks])[order]
+                codes = np.concatenate(
+                    [
+                        c[name] if name in c else np.full(c["n"], -1, dtype=np.int32)
+                        for c in self.chunks
+                    ]
+                )[order]
                 mask = codes < 0
                 taken = dictionary.take(pa.array(np.where(mask, 0, codes)))
                 if mask.any():
@@ -106,10 +116,20 @@ class _Builder:
                 arrays.append(taken)
             else:
                 np_type = ftype.to_pandas_dtype()
-                vals = np.concatenate([np.asarray(c[name], dtype=np_type) if name in c else
-                                       np.zeros(c["n"], dtype=np_type) for c in self.chunks])
-                mask = np.concatenate([np.zeros(c["n"], dtype=bool) if name in c else
-                                       np.ones(c["n"], dtype=bool) for c in self.chunks])
+                vals = np.concatenate(
+                    [
+                        np.asarray(c[name], dtype=np_type)
+                        if name in c
+                        else np.zeros(c["n"], dtype=np_type)
+                        for c in self.chunks
+                    ]
+                )
+                mask = np.concatenate(
+                    [
+                        np.zeros(c["n"], dtype=bool) if name in c else np.ones(c["n"], dtype=bool)
+                        for c in self.chunks
+                    ]
+                )
                 arrays.append(pa.array(vals[order], type=ftype, mask=mask[order]))
         return pa.Table.from_arrays(arrays, schema=SCHEMA), ts_us
 
@@ -120,9 +140,18 @@ def _with_nulls(arr: pa.Array, mask: np.ndarray) -> pa.Array:
     return pc.if_else(pa.array(mask), pa.nulls(len(arr), pa.string()), arr)
 
 
-def generate(out: str | Path, *, events: int = 1_000_000, queues: int = 24, consumers: int = 3,
-             rate: float = 2000.0, seed: int = 1, start: float = 1_767_225_600.0,
-             file_rows: int = 2_000_000, quiet: bool = False) -> dict[str, Any]:
+def generate(
+    out: str | Path,
+    *,
+    events: int = 1_000_000,
+    queues: int = 24,
+    consumers: int = 3,
+    rate: float = 2000.0,
+    seed: int = 1,
+    start: float = 1_767_225_600.0,
+    file_rows: int = 2_000_000,
+    quiet: bool = False,
+) -> dict[str, Any]:
     """Write a synthetic journal of about ``events`` events to ``out``; returns a summary."""
     t_start = time.monotonic()
     rng = np.random.default_rng(seed)
@@ -138,8 +167,13 @@ def generate(out: str | Path, *, events: int = 1_000_000, queues: int = 24, cons
     medians = np.geomspace(0.002, 0.4, queues)
     rng.shuffle(medians)
     cons_tags = [[f"ctag-{i}-{j}" for j in range(consumers)] for i in range(queues)]
-    conn_ids = [[f"10.0.{i % 250}.{j + 10}:{40000 + i * consumers + j}#{1 + i * consumers + j}"
-                 for j in range(consumers)] for i in range(queues)]
+    conn_ids = [
+        [
+            f"10.0.{i % 250}.{j + 10}:{40000 + i * consumers + j}#{1 + i * consumers + j}"
+            for j in range(consumers)
+        ]
+        for i in range(queues)
+    ]
     q_codes = b.codes(names)
     tag_codes = np.array([b.codes(t) for t in cons_tags])
     conn_codes = np.array([b.codes(c) for c in conn_ids])
@@ -147,16 +181,46 @@ def generate(out: str | Path, *, events: int = 1_000_000, queues: int = 24, cons
     # -- topology at the start
     t_top = start - 1.0
     for i, name in enumerate(names):
-        b.add("queue_declared", np.array([t_top]), vhost=vhost, queue=name, durable=True,
-              exclusive=False, auto_delete=False, detail="shared")
-        b.add("queue_bound", np.array([t_top]), vhost=vhost, queue=name, exchange="jobs",
-              routing_key=name, detail="direct")
+        b.add(
+            "queue_declared",
+            np.array([t_top]),
+            vhost=vhost,
+            queue=name,
+            durable=True,
+            exclusive=False,
+            auto_delete=False,
+            detail="shared",
+        )
+        b.add(
+            "queue_bound",
+            np.array([t_top]),
+            vhost=vhost,
+            queue=name,
+            exchange="jobs",
+            routing_key=name,
+            detail="direct",
+        )
         for j in range(consumers):
-            b.add("connection_opened", np.array([t_top]), connection_id=conn_ids[i][j],
-                  detail=conn_ids[i][j].split("#")[0], reason="guest", vhost=vhost)
-            b.add("consumer_added", np.array([t_top + 0.1]), vhost=vhost, queue=name,
-                  consumer_tag=cons_tags[i][j], connection_id=conn_ids[i][j], channel_id=1,
-                  no_ack=False, count=50, exclusive=False)
+            b.add(
+                "connection_opened",
+                np.array([t_top]),
+                connection_id=conn_ids[i][j],
+                detail=conn_ids[i][j].split("#")[0],
+                reason="guest",
+                vhost=vhost,
+            )
+            b.add(
+                "consumer_added",
+                np.array([t_top + 0.1]),
+                vhost=vhost,
+                queue=name,
+                consumer_tag=cons_tags[i][j],
+                connection_id=conn_ids[i][j],
+                channel_id=1,
+                no_ack=False,
+                count=50,
+                exclusive=False,
+            )
 
     # -- the messages
     arrival = start + np.cumsum(rng.exponential(1.0 / rate, m))
@@ -185,15 +249,25 @@ def generate(out: str | Path, *, events: int = 1_000_000, queues: int = 24, cons
 
     def add_msgs(event: str, sel: np.ndarray, ts: np.ndarray, **extra: Any) -> None:
         idx = np.nonzero(sel)[0] if sel.dtype == bool else sel
-        cols: dict[str, Any] = {"vhost": vhost, "queue": q_codes[q[idx]],
-                                "message_id": mid[idx], "body_size": size[idx]}
+        cols: dict[str, Any] = {
+            "vhost": vhost,
+            "queue": q_codes[q[idx]],
+            "message_id": mid[idx],
+            "body_size": size[idx],
+        }
         for k, v in extra.items():
             cols[k] = v[idx] if isinstance(v, np.ndarray) and len(v) == m else v
         b.add(event, ts[idx] if len(ts) == m else ts, **cols)
 
     everyone = np.ones(m, dtype=bool)
-    add_msgs("published", everyone, arrival, exchange="jobs",
-             routing_key=q_codes[q], delivery_count=np.zeros(m, dtype=np.int32))
+    add_msgs(
+        "published",
+        everyone,
+        arrival,
+        exchange="jobs",
+        routing_key=q_codes[q],
+        delivery_count=np.zeros(m, dtype=np.int32),
+    )
     live = ~expire
     tag = tag_codes[q, c]
     conn = conn_codes[q, c]
@@ -205,97 +279,268 @@ def generate(out: str | Path, *, events: int = 1_000_000, queues: int = 24, cons
     rank = np.empty(m, dtype=np.int64)
     rank[order] = np.arange(m) - np.repeat(starts, counts)
     dtag[:] = rank + 1
-    dl = {"consumer_tag": tag, "connection_id": conn, "channel_id": np.int32(1),
-          "delivery_tag": dtag, "delivery_count": np.zeros(m, dtype=np.int32),
-          "redelivered": False, "no_ack": False}
+    dl = {
+        "consumer_tag": tag,
+        "connection_id": conn,
+        "channel_id": np.int32(1),
+        "delivery_tag": dtag,
+        "delivery_count": np.zeros(m, dtype=np.int32),
+        "redelivered": False,
+        "no_ack": False,
+    }
     add_msgs("delivered", live, delivered, **dl)
     ok = live & ~nack & ~dead
-    add_msgs("acked", ok, acked, consumer_tag=tag, connection_id=conn, channel_id=np.int32(1),
-             delivery_count=np.zeros(m, dtype=np.int32))
+    add_msgs(
+        "acked",
+        ok,
+        acked,
+        consumer_tag=tag,
+        connection_id=conn,
+        channel_id=np.int32(1),
+        delivery_count=np.zeros(m, dtype=np.int32),
+    )
     # nack with requeue, redelivered to another consumer of the queue, then acked
-    add_msgs("rejected", nack, acked, consumer_tag=tag, connection_id=conn,
-             channel_id=np.int32(1), delivery_count=np.zeros(m, dtype=np.int32), requeue=True)
-    add_msgs("redelivered", nack, acked + 1e-4, delivery_count=np.ones(m, dtype=np.int32),
-             reason="rejected")
+    add_msgs(
+        "rejected",
+        nack,
+        acked,
+        consumer_tag=tag,
+        connection_id=conn,
+        channel_id=np.int32(1),
+        delivery_count=np.zeros(m, dtype=np.int32),
+        requeue=True,
+    )
+    add_msgs(
+        "redelivered",
+        nack,
+        acked + 1e-4,
+        delivery_count=np.ones(m, dtype=np.int32),
+        reason="rejected",
+    )
     c2 = (c + 1) % consumers
     redel_at = acked + 0.002
-    add_msgs("delivered", nack, redel_at, consumer_tag=tag_codes[q, c2],
-             connection_id=conn_codes[q, c2], channel_id=np.int32(1),
-             delivery_tag=dtag + 10_000_000, delivery_count=np.ones(m, dtype=np.int32),
-             redelivered=True, no_ack=False)
-    add_msgs("acked", nack, redel_at + proc, consumer_tag=tag_codes[q, c2],
-             connection_id=conn_codes[q, c2], channel_id=np.int32(1),
-             delivery_count=np.ones(m, dtype=np.int32))
+    add_msgs(
+        "delivered",
+        nack,
+        redel_at,
+        consumer_tag=tag_codes[q, c2],
+        connection_id=conn_codes[q, c2],
+        channel_id=np.int32(1),
+        delivery_tag=dtag + 10_000_000,
+        delivery_count=np.ones(m, dtype=np.int32),
+        redelivered=True,
+        no_ack=False,
+    )
+    add_msgs(
+        "acked",
+        nack,
+        redel_at + proc,
+        consumer_tag=tag_codes[q, c2],
+        connection_id=conn_codes[q, c2],
+        channel_id=np.int32(1),
+        delivery_count=np.ones(m, dtype=np.int32),
+    )
     # poison: rejected without requeue, dead-lettered
-    add_msgs("rejected", dead, acked, consumer_tag=tag, connection_id=conn,
-             channel_id=np.int32(1), delivery_count=np.zeros(m, dtype=np.int32), requeue=False)
-    add_msgs("dead_lettered", dead, acked + 1e-4, delivery_count=np.zeros(m, dtype=np.int32),
-             reason="rejected", exchange="dlx", routing_key=q_codes[q])
+    add_msgs(
+        "rejected",
+        dead,
+        acked,
+        consumer_tag=tag,
+        connection_id=conn,
+        channel_id=np.int32(1),
+        delivery_count=np.zeros(m, dtype=np.int32),
+        requeue=False,
+    )
+    add_msgs(
+        "dead_lettered",
+        dead,
+        acked + 1e-4,
+        delivery_count=np.zeros(m, dtype=np.int32),
+        reason="rejected",
+        exchange="dlx",
+        routing_key=q_codes[q],
+    )
     # expiry on the last queue (its consumers are away): expired, then dropped
     ttl_at = arrival + 30.0
     add_msgs("expired", expire, ttl_at, delivery_count=np.zeros(m, dtype=np.int32))
-    add_msgs("dropped", expire, ttl_at, delivery_count=np.zeros(m, dtype=np.int32),
-             reason="expired")
+    add_msgs(
+        "dropped", expire, ttl_at, delivery_count=np.zeros(m, dtype=np.int32), reason="expired"
+    )
 
     # -- a stalled consumer on work-0, isolated after a minute (ackTimeout 60 s)
     t_stall = start + 0.2 * duration
     stall_tag, stall_conn = "ctag-stalled", "10.0.99.9:49999#9999"
-    b.add("connection_opened", np.array([t_stall - 1]), connection_id=stall_conn,
-          detail="10.0.99.9:49999", reason="guest", vhost=vhost)
-    b.add("consumer_added", np.array([t_stall - 1]), vhost=vhost, queue=names[0],
-          consumer_tag=stall_tag, connection_id=stall_conn, channel_id=1, no_ack=False,
-          count=10, exclusive=False)
+    b.add(
+        "connection_opened",
+        np.array([t_stall - 1]),
+        connection_id=stall_conn,
+        detail="10.0.99.9:49999",
+        reason="guest",
+        vhost=vhost,
+    )
+    b.add(
+        "consumer_added",
+        np.array([t_stall - 1]),
+        vhost=vhost,
+        queue=names[0],
+        consumer_tag=stall_tag,
+        connection_id=stall_conn,
+        channel_id=1,
+        no_ack=False,
+        count=10,
+        exclusive=False,
+    )
     held = 10_000_000_000 + np.arange(10, dtype=np.int64)
     th = t_stall + np.arange(10) * 0.01
     common = {"vhost": vhost, "queue": names[0], "message_id": held, "body_size": 512}
     b.add("published", th - 0.001, exchange="jobs", routing_key=names[0], **common)
-    b.add("delivered", th, consumer_tag=stall_tag, connection_id=stall_conn, channel_id=1,
-          delivery_tag=np.arange(1, 11), delivery_count=0, redelivered=False, no_ack=False,
-          **common)
+    b.add(
+        "delivered",
+        th,
+        consumer_tag=stall_tag,
+        connection_id=stall_conn,
+        channel_id=1,
+        delivery_tag=np.arange(1, 11),
+        delivery_count=0,
+        redelivered=False,
+        no_ack=False,
+        **common,
+    )
     t_iso = t_stall + 90.0
-    b.add("redelivered", np.full(10, t_iso), delivery_count=1, reason="consumer-isolated",
-          **common)
-    b.add("consumer_isolated", np.array([t_iso + 1e-4]), vhost=vhost, queue=names[0],
-          consumer_tag=stall_tag, connection_id=stall_conn, measured=90.0, count=10)
-    b.add("policy_action", np.array([t_iso + 2e-4]), vhost=vhost, queue=names[0],
-          policy="Isolation", action="IsolateConsumer", reason="no ack for 90.000 s",
-          threshold="ackTimeout", configured=60.0, measured=90.0, outcome="applied",
-          consumer_tag=stall_tag, connection_id=stall_conn)
-    b.add("delivered", np.full(10, t_iso + 0.01), consumer_tag=cons_tags[0][0],
-          connection_id=conn_ids[0][0], channel_id=1, delivery_tag=20_000_000 + np.arange(10),
-          delivery_count=1, redelivered=True, no_ack=False, **common)
-    b.add("acked", np.full(10, t_iso + 0.05), consumer_tag=cons_tags[0][0],
-          connection_id=conn_ids[0][0], channel_id=1, delivery_count=1, **common)
+    b.add("redelivered", np.full(10, t_iso), delivery_count=1, reason="consumer-isolated", **common)
+    b.add(
+        "consumer_isolated",
+        np.array([t_iso + 1e-4]),
+        vhost=vhost,
+        queue=names[0],
+        consumer_tag=stall_tag,
+        connection_id=stall_conn,
+        measured=90.0,
+        count=10,
+    )
+    b.add(
+        "policy_action",
+        np.array([t_iso + 2e-4]),
+        vhost=vhost,
+        queue=names[0],
+        policy="Isolation",
+        action="IsolateConsumer",
+        reason="no ack for 90.000 s",
+        threshold="ackTimeout",
+        configured=60.0,
+        measured=90.0,
+        outcome="applied",
+        consumer_tag=stall_tag,
+        connection_id=stall_conn,
+    )
+    b.add(
+        "delivered",
+        np.full(10, t_iso + 0.01),
+        consumer_tag=cons_tags[0][0],
+        connection_id=conn_ids[0][0],
+        channel_id=1,
+        delivery_tag=20_000_000 + np.arange(10),
+        delivery_count=1,
+        redelivered=True,
+        no_ack=False,
+        **common,
+    )
+    b.add(
+        "acked",
+        np.full(10, t_iso + 0.05),
+        consumer_tag=cons_tags[0][0],
+        connection_id=conn_ids[0][0],
+        channel_id=1,
+        delivery_count=1,
+        **common,
+    )
 
     # -- a topic subscription that falls behind and is disconnected (slow-consumer policy)
     sub = "amq.gen-slowsubscriber"
     t_sub = start + 0.6 * duration
     sub_conn = "10.0.98.1:48000#9998"
-    b.add("queue_declared", np.array([t_sub]), vhost=vhost, queue=sub, durable=False,
-          exclusive=True, auto_delete=True, detail="shared")
-    b.add("queue_bound", np.array([t_sub]), vhost=vhost, queue=sub, exchange="amq.topic",
-          routing_key="stocks.us.*", detail="topic")
-    b.add("consumer_added", np.array([t_sub]), vhost=vhost, queue=sub, consumer_tag="ctag-sub",
-          connection_id=sub_conn, channel_id=1, no_ack=False, count=1, exclusive=False)
+    b.add(
+        "queue_declared",
+        np.array([t_sub]),
+        vhost=vhost,
+        queue=sub,
+        durable=False,
+        exclusive=True,
+        auto_delete=True,
+        detail="shared",
+    )
+    b.add(
+        "queue_bound",
+        np.array([t_sub]),
+        vhost=vhost,
+        queue=sub,
+        exchange="amq.topic",
+        routing_key="stocks.us.*",
+        detail="topic",
+    )
+    b.add(
+        "consumer_added",
+        np.array([t_sub]),
+        vhost=vhost,
+        queue=sub,
+        consumer_tag="ctag-sub",
+        connection_id=sub_conn,
+        channel_id=1,
+        no_ack=False,
+        count=1,
+        exclusive=False,
+    )
     n_sub = 60
     sub_ids = 20_000_000_000 + np.arange(n_sub, dtype=np.int64)
     ts_sub = t_sub + 0.5 + np.arange(n_sub) * 0.5
     sc = {"vhost": vhost, "queue": sub, "message_id": sub_ids, "body_size": 100}
     b.add("published", ts_sub, exchange="amq.topic", routing_key="stocks.us.ibm", **sc)
-    b.add("delivered", ts_sub[:1] + 0.001, consumer_tag="ctag-sub", connection_id=sub_conn,
-          channel_id=1, delivery_tag=np.array([1]), delivery_count=0, redelivered=False,
-          no_ack=False, vhost=vhost, queue=sub, message_id=sub_ids[:1], body_size=100)
+    b.add(
+        "delivered",
+        ts_sub[:1] + 0.001,
+        consumer_tag="ctag-sub",
+        connection_id=sub_conn,
+        channel_id=1,
+        delivery_tag=np.array([1]),
+        delivery_count=0,
+        redelivered=False,
+        no_ack=False,
+        vhost=vhost,
+        queue=sub,
+        message_id=sub_ids[:1],
+        body_size=100,
+    )
     t_kill = ts_sub[-1] + 1.0
-    for k, (action, outcome) in enumerate((("CloseConsumerChannels", "applied"),
-                                           ("DeleteQueue", "applied"))):
-        b.add("policy_action", np.array([t_kill + k * 1e-4]), vhost=vhost, queue=sub,
-              policy="Delete", action=action, reason=f"messageCount {n_sub} (limit 50)",
-              threshold="messageCount", configured=50.0, measured=float(n_sub),
-              outcome=outcome, code=506 if k == 0 else None)
-    b.add("consumer_removed", np.array([t_kill]), vhost=vhost, queue=sub,
-          consumer_tag="ctag-sub", connection_id=sub_conn, channel_id=1, reason="channel-closed")
-    b.add("queue_deleted", np.array([t_kill + 2e-4]), vhost=vhost, queue=sub,
-          reason="policy:Delete")
+    for k, (action, outcome) in enumerate(
+        (("CloseConsumerChannels", "applied"), ("DeleteQueue", "applied"))
+    ):
+        b.add(
+            "policy_action",
+            np.array([t_kill + k * 1e-4]),
+            vhost=vhost,
+            queue=sub,
+            policy="Delete",
+            action=action,
+            reason=f"messageCount {n_sub} (limit 50)",
+            threshold="messageCount",
+            configured=50.0,
+            measured=float(n_sub),
+            outcome=outcome,
+            code=506 if k == 0 else None,
+        )
+    b.add(
+        "consumer_removed",
+        np.array([t_kill]),
+        vhost=vhost,
+        queue=sub,
+        consumer_tag="ctag-sub",
+        connection_id=sub_conn,
+        channel_id=1,
+        reason="channel-closed",
+    )
+    b.add(
+        "queue_deleted", np.array([t_kill + 2e-4]), vhost=vhost, queue=sub, reason="policy:Delete"
+    )
 
     # -- the end
     t_end = float(max(acked.max(), t_kill)) + 1.0
@@ -306,13 +551,23 @@ def generate(out: str | Path, *, events: int = 1_000_000, queues: int = 24, cons
     gen_s = time.monotonic() - t_start
     files = _write(table, ts_us, Path(out), run, file_rows)
     took = time.monotonic() - t_start
-    summary = {"events": table.num_rows, "messages": m, "queues": queues,
-               "span_s": t_end - start, "files": len(files), "generate_s": round(gen_s, 2),
-               "total_s": round(took, 2), "out": str(out)}
+    summary = {
+        "events": table.num_rows,
+        "messages": m,
+        "queues": queues,
+        "span_s": t_end - start,
+        "files": len(files),
+        "generate_s": round(gen_s, 2),
+        "total_s": round(took, 2),
+        "out": str(out),
+    }
     if not quiet:
-        print(f"synthetic journal: {table.num_rows:,} events ({m:,} messages, {queues} queues, "
-              f"{(t_end - start) / 60:.1f} min of traffic) in {len(files)} file(s) under {out}; "
-              f"{took:.1f} s", file=sys.stderr)
+        print(
+            f"synthetic journal: {table.num_rows:,} events ({m:,} messages, {queues} queues, "
+            f"{(t_end - start) / 60:.1f} min of traffic) in {len(files)} file(s) under {out}; "
+            f"{took:.1f} s",
+            file=sys.stderr,
+        )
     return summary
 
 
@@ -340,8 +595,9 @@ def _write(table: pa.Table, ts_us: np.ndarray, out: Path, run: str, file_rows: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m broker.analyze.synth",
-                                 description="write a synthetic plugbroker journal")
+    ap = argparse.ArgumentParser(
+        prog="python3 -m broker.analyze.synth", description="write a synthetic plugbroker journal"
+    )
     ap.add_argument("--out", required=True, help="journal directory to write")
     ap.add_argument("--events", type=float, default=1e6, help="about how many events (1e7 ok)")
     ap.add_argument("--queues", type=int, default=24)
@@ -350,8 +606,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--file-rows", type=int, default=2_000_000)
     args = ap.parse_args(argv)
-    generate(args.out, events=int(args.events), queues=args.queues, consumers=args.consumers,
-             rate=args.rate, seed=args.seed, file_rows=args.file_rows)
+    generate(
+        args.out,
+        events=int(args.events),
+        queues=args.queues,
+        consumers=args.consumers,
+        rate=args.rate,
+        seed=args.seed,
+        file_rows=args.file_rows,
+    )
     return 0
 
 

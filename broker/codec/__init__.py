@@ -12,6 +12,14 @@ from broker.codec.frames import (
 from broker.codec.methods import BY_NAME, METHODS, MethodSpec
 
 __all__ = [
-    "BY_NAME", "METHODS", "MethodSpec", "NEED_DATA", "PROTOCOL_HEADER", "Heartbeat", "Method",
-    "ProtocolHeader", "Publish", "ServerCodec",
+    "BY_NAME",
+    "METHODS",
+    "NEED_DATA",
+    "PROTOCOL_HEADER",
+    "Heartbeat",
+    "Method",
+    "MethodSpec",
+    "ProtocolHeader",
+    "Publish",
+    "ServerCodec",
 ]

@@ -110,8 +110,19 @@ Event = ProtocolHeader | Method | Publish | Heartbeat
 class _Pending:
     """A publish whose header or body frames have not all arrived."""
 
-    __slots__ = ("exchange", "routing_key", "mandatory", "immediate", "body_size",
-                 "properties", "chunks", "received", "has_header", "discard", "silent")
+    __slots__ = (
+        "body_size",
+        "chunks",
+        "discard",
+        "exchange",
+        "has_header",
+        "immediate",
+        "mandatory",
+        "properties",
+        "received",
+        "routing_key",
+        "silent",
+    )
 
     def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
         self.exchange = exchange
@@ -202,11 +213,11 @@ class ServerCodec:
         have = len(buf) - self._pos
         if have < 8:
             # A wrong first byte is already an answer; do not wait for eight of them.
-            if have and not PROTOCOL_HEADER.startswith(bytes(buf[self._pos:self._pos + have])):
+            if have and not PROTOCOL_HEADER.startswith(bytes(buf[self._pos : self._pos + have])):
                 self.broken = True
-                return ProtocolHeader(False, bytes(buf[self._pos:]))
+                return ProtocolHeader(False, bytes(buf[self._pos :]))
             return NEED_DATA
-        data = bytes(buf[self._pos:self._pos + 8])
+        data = bytes(buf[self._pos : self._pos + 8])
         self._pos += 8
         if data != PROTOCOL_HEADER:
             self.broken = True
@@ -222,14 +233,15 @@ class ServerCodec:
         ftype, channel, size = _HDR.unpack_from(buf, pos)
         if size + FRAME_OVERHEAD > self.frame_max:
             raise FrameError(
-                FRAME_ERROR, f"frame of {size + FRAME_OVERHEAD} bytes exceeds frame_max "
-                f"{self.frame_max}")
+                FRAME_ERROR,
+                f"frame of {size + FRAME_OVERHEAD} bytes exceeds frame_max {self.frame_max}",
+            )
         end = pos + 7 + size
         if len(buf) <= end:
             return NEED_DATA
         if buf[end] != FRAME_END:
             raise FrameError(FRAME_ERROR, f"frame end octet is 0x{buf[end]:02x}, not 0xce")
-        payload = bytes(buf[pos + 7:end])
+        payload = bytes(buf[pos + 7 : end])
         self._pos = end + 1
         if ftype == FRAME_METHOD:
             return self._on_method(channel, payload)
@@ -245,12 +257,16 @@ class ServerCodec:
 
     def _on_method(self, channel: int, payload: bytes) -> Event | None:
         if len(payload) < 4:
-            raise ConnectionError_(SYNTAX_ERROR, "method frame shorter than its class and method ids")
+            raise ConnectionError_(
+                SYNTAX_ERROR, "method frame shorter than its class and method ids"
+            )
         pending = self._pending.get(channel)
         if pending is not None:
             if not pending.silent:
-                raise ConnectionError_(UNEXPECTED_FRAME, f"method frame on channel {channel} "
-                                       "while content was expected")
+                raise ConnectionError_(
+                    UNEXPECTED_FRAME,
+                    f"method frame on channel {channel} while content was expected",
+                )
             # the broker closed this channel mid-content and the client moved on
             del self._pending[channel]
         head = payload[:4]
@@ -260,17 +276,18 @@ class ServerCodec:
             try:
                 p = 6
                 n = payload[p]
-                exchange = payload[p + 1:p + 1 + n].decode()
+                exchange = payload[p + 1 : p + 1 + n].decode()
                 p += 1 + n
                 n = payload[p]
-                routing_key = payload[p + 1:p + 1 + n].decode()
+                routing_key = payload[p + 1 : p + 1 + n].decode()
                 p += 1 + n
                 bits = payload[p]
                 if p + 1 != len(payload) or len(routing_key.encode()) != n:
                     raise IndexError
             except (IndexError, UnicodeDecodeError):
                 raise ConnectionError_(
-                    SYNTAX_ERROR, "malformed arguments for basic.publish", (60, 40)) from None
+                    SYNTAX_ERROR, "malformed arguments for basic.publish", (60, 40)
+                ) from None
             if channel == 0:
                 raise ConnectionError_(COMMAND_INVALID, "basic.publish on channel 0", (60, 40))
             self._pending[channel] = _Pending(exchange, routing_key, bool(bits & 1), bool(bits & 2))
@@ -281,20 +298,23 @@ class ServerCodec:
         if spec.content:
             # Only basic.publish carries content from a client; the others are server-only.
             raise ConnectionError_(
-                COMMAND_INVALID, f"{spec.name} is sent by servers only", spec.sig)
+                COMMAND_INVALID, f"{spec.name} is sent by servers only", spec.sig
+            )
         return Method(channel, spec, args)
 
     def _on_header(self, channel: int, payload: bytes) -> Publish | None:
         pending = self._pending.get(channel)
         if pending is None or pending.has_header:
             raise ConnectionError_(
-                UNEXPECTED_FRAME, f"content header on channel {channel} without a content method")
+                UNEXPECTED_FRAME, f"content header on channel {channel} without a content method"
+            )
         if len(payload) < 14:
             raise FrameError(FRAME_ERROR, "content header frame shorter than 14 bytes")
         class_id, _weight, body_size = _CONTENT_HDR.unpack_from(payload)
         if class_id != _BASIC_CLASS:
             raise ConnectionError_(
-                UNEXPECTED_FRAME, f"content header for class {class_id}, expected 60 (basic)")
+                UNEXPECTED_FRAME, f"content header for class {class_id}, expected 60 (basic)"
+            )
         pending.has_header = True
         pending.body_size = body_size
         pending.properties = payload[12:]
@@ -310,12 +330,15 @@ class ServerCodec:
             return None  # the rest of a publish on a channel the broker closed
         if pending is None or not pending.has_header:
             raise ConnectionError_(
-                UNEXPECTED_FRAME, f"content body on channel {channel} without a content header")
+                UNEXPECTED_FRAME, f"content body on channel {channel} without a content header"
+            )
         pending.received += len(payload)
         if pending.received > pending.body_size:
             raise FrameError(
-                FRAME_ERROR, f"content body on channel {channel} is longer than the "
-                f"{pending.body_size} bytes its header declared")
+                FRAME_ERROR,
+                f"content body on channel {channel} is longer than the "
+                f"{pending.body_size} bytes its header declared",
+            )
         if not pending.discard:
             pending.chunks.append(payload)
         if pending.received == pending.body_size:
@@ -328,12 +351,24 @@ class ServerCodec:
             return None
         if p.discard:
             raise ChannelError(
-                PRECONDITION_FAILED, f"message size {p.body_size} is larger than the configured "
-                f"maximum {self.max_message_size}", (60, 40), channel)
+                PRECONDITION_FAILED,
+                f"message size {p.body_size} is larger than the configured "
+                f"maximum {self.max_message_size}",
+                (60, 40),
+                channel,
+            )
         chunks = p.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return Publish(channel, p.exchange, p.routing_key, p.mandatory, p.immediate,
-                       p.body_size, p.properties, body)
+        return Publish(
+            channel,
+            p.exchange,
+            p.routing_key,
+            p.mandatory,
+            p.immediate,
+            p.body_size,
+            p.properties,
+            body,
+        )
 
     # ----------------------------------------------------------------- output
 
@@ -346,8 +381,11 @@ class ServerCodec:
     def encode_content(self, channel: int, body_size: int, properties: bytes, body: bytes) -> bytes:
         """Content header plus body frames, split at the negotiated frame_max."""
         header = _CONTENT_HDR.pack(_BASIC_CLASS, 0, body_size) + properties
-        parts: list[bytes | memoryview] = [_HDR.pack(FRAME_HEADER, channel, len(header)), header,
-                                           b"\xce"]
+        parts: list[bytes | memoryview] = [
+            _HDR.pack(FRAME_HEADER, channel, len(header)),
+            header,
+            b"\xce",
+        ]
         if body:
             room = self.frame_max - FRAME_OVERHEAD
             if len(body) <= room:
@@ -355,22 +393,42 @@ class ServerCodec:
             else:
                 view = memoryview(body)
                 for i in range(0, len(body), room):
-                    chunk = view[i:i + room]
+                    chunk = view[i : i + room]
                     parts += (_HDR.pack(FRAME_BODY, channel, len(chunk)), chunk, b"\xce")
         return b"".join(parts)
 
     def encode_deliver(
-        self, channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool,
-        exchange: bytes, routing_key: bytes, body_size: int, properties: bytes, body: bytes,
+        self,
+        channel: int,
+        consumer_tag: bytes,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: bytes,
+        routing_key: bytes,
+        body_size: int,
+        properties: bytes,
+        body: bytes,
     ) -> bytes:
         """basic.deliver with its content; tags and names come pre-encoded (the hot path)."""
-        args = b"".join((
-            _DELIVER_SIG, bytes((len(consumer_tag),)), consumer_tag, _U64.pack(delivery_tag),
-            b"\x01" if redelivered else b"\x00", bytes((len(exchange),)), exchange,
-            bytes((len(routing_key),)), routing_key,
-        ))
-        return (_HDR.pack(FRAME_METHOD, channel, len(args)) + args + b"\xce"
-                + self.encode_content(channel, body_size, properties, body))
+        args = b"".join(
+            (
+                _DELIVER_SIG,
+                bytes((len(consumer_tag),)),
+                consumer_tag,
+                _U64.pack(delivery_tag),
+                b"\x01" if redelivered else b"\x00",
+                bytes((len(exchange),)),
+                exchange,
+                bytes((len(routing_key),)),
+                routing_key,
+            )
+        )
+        return (
+            _HDR.pack(FRAME_METHOD, channel, len(args))
+            + args
+            + b"\xce"
+            + self.encode_content(channel, body_size, properties, body)
+        )
 
     @staticmethod
     def encode_heartbeat() -> bytes:
@@ -380,6 +438,13 @@ class ServerCodec:
 _ACK = BY_NAME["basic.ack"]
 
 __all__ = [
-    "CHANNEL_ERROR", "Event", "Heartbeat", "Method", "NEED_DATA", "PROTOCOL_HEADER",
-    "ProtocolHeader", "Publish", "ServerCodec",
+    "CHANNEL_ERROR",
+    "NEED_DATA",
+    "PROTOCOL_HEADER",
+    "Event",
+    "Heartbeat",
+    "Method",
+    "ProtocolHeader",
+    "Publish",
+    "ServerCodec",
 ]

@@ -33,7 +33,9 @@ class MethodSpec:
         return (self.class_id, self.method_id)
 
 
-def _m(cid: int, mid: int, name: str, fmt: str, args: str = "", content: bool = False) -> MethodSpec:
+def _m(
+    cid: int, mid: int, name: str, fmt: str, args: str = "", content: bool = False
+) -> MethodSpec:
     names = tuple(args.split()) if args else ()
     if len(names) != len(fmt):
         raise AssertionError(f"{name}: {len(fmt)} fields in format, {len(names)} names")
@@ -42,8 +44,13 @@ def _m(cid: int, mid: int, name: str, fmt: str, args: str = "", content: bool = 
 
 _TABLE = (
     # connection
-    _m(10, 10, "connection.start", "ooFSS",
-       "version_major version_minor server_properties mechanisms locales"),
+    _m(
+        10,
+        10,
+        "connection.start",
+        "ooFSS",
+        "version_major version_minor server_properties mechanisms locales",
+    ),
     _m(10, 11, "connection.start_ok", "Fsxs", "client_properties mechanism response locale"),
     _m(10, 20, "connection.secure", "x", "challenge"),
     _m(10, 21, "connection.secure_ok", "x", "response"),
@@ -65,19 +72,40 @@ _TABLE = (
     _m(20, 40, "channel.close", "BsBB", "reply_code reply_text class_id method_id"),
     _m(20, 41, "channel.close_ok", ""),
     # exchange
-    _m(40, 10, "exchange.declare", "BssbbbbbF",
-       "reserved exchange type passive durable auto_delete internal nowait arguments"),
+    _m(
+        40,
+        10,
+        "exchange.declare",
+        "BssbbbbbF",
+        "reserved exchange type passive durable auto_delete internal nowait arguments",
+    ),
     _m(40, 11, "exchange.declare_ok", ""),
     _m(40, 20, "exchange.delete", "Bsbb", "reserved exchange if_unused nowait"),
     _m(40, 21, "exchange.delete_ok", ""),
-    _m(40, 30, "exchange.bind", "BsssbF", "reserved destination source routing_key nowait arguments"),
+    _m(
+        40,
+        30,
+        "exchange.bind",
+        "BsssbF",
+        "reserved destination source routing_key nowait arguments",
+    ),
     _m(40, 31, "exchange.bind_ok", ""),
-    _m(40, 40, "exchange.unbind", "BsssbF",
-       "reserved destination source routing_key nowait arguments"),
+    _m(
+        40,
+        40,
+        "exchange.unbind",
+        "BsssbF",
+        "reserved destination source routing_key nowait arguments",
+    ),
     _m(40, 51, "exchange.unbind_ok", ""),
     # queue
-    _m(50, 10, "queue.declare", "BsbbbbbF",
-       "reserved queue passive durable exclusive auto_delete nowait arguments"),
+    _m(
+        50,
+        10,
+        "queue.declare",
+        "BsbbbbbF",
+        "reserved queue passive durable exclusive auto_delete nowait arguments",
+    ),
     _m(50, 11, "queue.declare_ok", "sll", "queue message_count consumer_count"),
     _m(50, 20, "queue.bind", "BsssbF", "reserved queue exchange routing_key nowait arguments"),
     _m(50, 21, "queue.bind_ok", ""),
@@ -90,19 +118,42 @@ _TABLE = (
     # basic
     _m(60, 10, "basic.qos", "lBb", "prefetch_size prefetch_count global_"),
     _m(60, 11, "basic.qos_ok", ""),
-    _m(60, 20, "basic.consume", "BssbbbbF",
-       "reserved queue consumer_tag no_local no_ack exclusive nowait arguments"),
+    _m(
+        60,
+        20,
+        "basic.consume",
+        "BssbbbbF",
+        "reserved queue consumer_tag no_local no_ack exclusive nowait arguments",
+    ),
     _m(60, 21, "basic.consume_ok", "s", "consumer_tag"),
     _m(60, 30, "basic.cancel", "sb", "consumer_tag nowait"),
     _m(60, 31, "basic.cancel_ok", "s", "consumer_tag"),
-    _m(60, 40, "basic.publish", "Bssbb", "reserved exchange routing_key mandatory immediate",
-       content=True),
+    _m(
+        60,
+        40,
+        "basic.publish",
+        "Bssbb",
+        "reserved exchange routing_key mandatory immediate",
+        content=True,
+    ),
     _m(60, 50, "basic.return", "Bsss", "reply_code reply_text exchange routing_key", content=True),
-    _m(60, 60, "basic.deliver", "sLbss",
-       "consumer_tag delivery_tag redelivered exchange routing_key", content=True),
+    _m(
+        60,
+        60,
+        "basic.deliver",
+        "sLbss",
+        "consumer_tag delivery_tag redelivered exchange routing_key",
+        content=True,
+    ),
     _m(60, 70, "basic.get", "Bsb", "reserved queue no_ack"),
-    _m(60, 71, "basic.get_ok", "Lbssl", "delivery_tag redelivered exchange routing_key message_count",
-       content=True),
+    _m(
+        60,
+        71,
+        "basic.get_ok",
+        "Lbssl",
+        "delivery_tag redelivered exchange routing_key message_count",
+        content=True,
+    ),
     _m(60, 72, "basic.get_empty", "s", "cluster_id"),
     _m(60, 80, "basic.ack", "Lb", "delivery_tag multiple"),
     _m(60, 90, "basic.reject", "Lb", "delivery_tag requeue"),
@@ -134,11 +185,13 @@ def lookup(class_id: int, method_id: int) -> MethodSpec:
     except KeyError:
         if class_id in CLASS_IDS:
             raise ConnectionError_(
-                NOT_IMPLEMENTED, f"unknown method {method_id} of class {class_id}",
-                (class_id, method_id)) from None
+                NOT_IMPLEMENTED,
+                f"unknown method {method_id} of class {class_id}",
+                (class_id, method_id),
+            ) from None
         raise ConnectionError_(
-            NOT_IMPLEMENTED, f"unknown class {class_id} (method {method_id})",
-            (class_id, method_id)) from None
+            NOT_IMPLEMENTED, f"unknown class {class_id} (method {method_id})", (class_id, method_id)
+        ) from None
 
 
 def decode_args(spec: MethodSpec, payload: bytes | memoryview, offset: int = 4) -> tuple[Any, ...]:
@@ -146,24 +199,29 @@ def decode_args(spec: MethodSpec, payload: bytes | memoryview, offset: int = 4) 
     if not spec.fmt:
         if len(payload) != offset:
             raise ConnectionError_(
-                SYNTAX_ERROR, f"trailing bytes after the arguments of {spec.name}", spec.sig)
+                SYNTAX_ERROR, f"trailing bytes after the arguments of {spec.name}", spec.sig
+            )
         return ()
     try:
         values, end = loads(spec.fmt, payload, offset)
     except Exception as exc:  # struct.error, IndexError, UnicodeDecodeError, ...
         raise ConnectionError_(
-            SYNTAX_ERROR, f"malformed arguments for {spec.name}: {exc.__class__.__name__}",
-            spec.sig) from None
+            SYNTAX_ERROR, f"malformed arguments for {spec.name}: {exc.__class__.__name__}", spec.sig
+        ) from None
     if end > len(payload):
         raise ConnectionError_(SYNTAX_ERROR, f"truncated arguments for {spec.name}", spec.sig)
     if end < len(payload):
         raise ConnectionError_(
-            SYNTAX_ERROR, f"trailing bytes after the arguments of {spec.name}", spec.sig)
+            SYNTAX_ERROR, f"trailing bytes after the arguments of {spec.name}", spec.sig
+        )
     if "F" in spec.fmt and not all(_text_keys(v) for v in values):
         # py-amqp hands back a field name that is not UTF-8 as bytes; the spec says UTF-8
         raise ConnectionError_(
-            SYNTAX_ERROR, f"a field name in the arguments of {spec.name} is not UTF-8 (or "
-            "tables nest more than 100 deep)", spec.sig)
+            SYNTAX_ERROR,
+            f"a field name in the arguments of {spec.name} is not UTF-8 (or "
+            "tables nest more than 100 deep)",
+            spec.sig,
+        )
     return tuple(values)
 
 
@@ -171,7 +229,8 @@ def _text_keys(v: Any, depth: int = 0) -> bool:
     """Every field name in a (nested) table is a str."""
     if isinstance(v, dict):
         return depth < 100 and all(
-            isinstance(k, str) and _text_keys(x, depth + 1) for k, x in v.items())
+            isinstance(k, str) and _text_keys(x, depth + 1) for k, x in v.items()
+        )
     if isinstance(v, list):
         return depth < 100 and all(_text_keys(x, depth + 1) for x in v)
     return True

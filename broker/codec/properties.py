@@ -74,7 +74,7 @@ def peek(raw: bytes) -> tuple[int, int, str | None, int]:
         expiration = None
         if flags & _EXPIRATION:
             n = raw[p]
-            exp_raw = raw[p + 1:p + 1 + n]
+            exp_raw = raw[p + 1 : p + 1 + n]
             if len(exp_raw) != n:  # compare bytes, not characters
                 raise IndexError
             expiration = exp_raw.decode()

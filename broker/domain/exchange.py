@@ -7,7 +7,8 @@ duplicates.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Union
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
     from broker.domain.message import Message
@@ -17,10 +18,15 @@ Destination = Union["Queue", "Exchange"]
 
 
 class Binding:
-    __slots__ = ("source", "destination", "routing_key", "arguments")
+    __slots__ = ("arguments", "destination", "routing_key", "source")
 
-    def __init__(self, source: Exchange, destination: Destination, routing_key: str,
-                 arguments: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        source: Exchange,
+        destination: Destination,
+        routing_key: str,
+        arguments: dict[str, Any],
+    ) -> None:
         self.source = source
         self.destination = destination
         self.routing_key = routing_key
@@ -39,11 +45,27 @@ class Exchange:
     """Base class: bookkeeping of bindings; subclasses implement :meth:`route`."""
 
     type = ""
-    __slots__ = ("name", "durable", "auto_delete", "internal", "arguments", "bindings",
-                 "_by_key", "alternate", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_by_key",
+        "alternate",
+        "arguments",
+        "auto_delete",
+        "bindings",
+        "durable",
+        "internal",
+        "name",
+    )
 
-    def __init__(self, name: str, *, durable: bool = False, auto_delete: bool = False,
-                 internal: bool = False, arguments: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name
         self.durable = durable
         self.auto_delete = auto_delete
@@ -61,8 +83,9 @@ class Exchange:
         self._added(b)
         return True
 
-    def unbind(self, destination: Destination, routing_key: str,
-               arguments: dict[str, Any]) -> Binding | None:
+    def unbind(
+        self, destination: Destination, routing_key: str, arguments: dict[str, Any]
+    ) -> Binding | None:
         b = self.bindings.pop((id(destination), routing_key, _freeze(arguments)), None)
         if b is not None:
             self._removed(b)
@@ -84,8 +107,14 @@ class Exchange:
     def route(self, msg: Message) -> Iterable[Destination]:
         raise NotImplementedError
 
-    def equivalent(self, type_: str, durable: bool, auto_delete: bool, internal: bool,
-                   arguments: dict[str, Any]) -> str | None:
+    def equivalent(
+        self,
+        type_: str,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: dict[str, Any],
+    ) -> str | None:
         """None if a redeclare matches; otherwise the name of the first field that differs."""
         if type_ != self.type:
             return "type"
@@ -218,20 +247,19 @@ def headers_match(binding_args: dict[str, Any], headers: dict[str, Any]) -> bool
     mode = binding_args.get("x-match", "all")
     with_x = mode in ("all-with-x", "any-with-x")
     want_all = mode in ("all", "all-with-x")
-    checked = False
     for k, v in binding_args.items():
         if k.startswith("x-") and not with_x:
             continue
         if k == "x-match":
             continue
-        checked = True
         present = k in headers
         ok = present and (v is None or v == "" or headers[k] == v)
         if want_all and not ok:
             return False
         if not want_all and ok:
             return True
-    return want_all if checked else want_all
+    # no key to check: 'all' matches (vacuously), 'any' does not
+    return want_all
 
 
 EXCHANGE_TYPES: dict[str, type[Exchange]] = {

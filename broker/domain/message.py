@@ -18,15 +18,42 @@ class Message:
     """
 
     __slots__ = (
-        "id", "exchange", "routing_key", "properties", "body", "body_size", "persistent",
-        "priority", "expiration", "_hoff", "_headers", "arrival", "timestamp", "delivery_count",
-        "redelivered", "expires_at", "queue_name", "stored", "__weakref__",
+        "__weakref__",
+        "_headers",
+        "_hoff",
+        "arrival",
+        "body",
+        "body_size",
+        "delivery_count",
+        "exchange",
+        "expiration",
+        "expires_at",
+        "id",
+        "persistent",
+        "priority",
+        "properties",
+        "queue_name",
+        "redelivered",
+        "routing_key",
+        "stored",
+        "timestamp",
     )
 
     def __init__(
-        self, id: int, exchange: str, routing_key: str, properties: bytes, body: bytes,
-        body_size: int, arrival: float, timestamp: float, *, delivery_mode: int = 0,
-        priority: int = 0, expiration: int | None = None, headers_offset: int = -1,
+        self,
+        id: int,
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+        body_size: int,
+        arrival: float,
+        timestamp: float,
+        *,
+        delivery_mode: int = 0,
+        priority: int = 0,
+        expiration: int | None = None,
+        headers_offset: int = -1,
     ) -> None:
         self.id = id
         self.exchange = exchange
@@ -54,14 +81,32 @@ class Message:
 
     @classmethod
     def from_publish(
-        cls, id: int, exchange: str, routing_key: str, properties: bytes, body: bytes,
-        body_size: int, arrival: float, timestamp: float,
+        cls,
+        id: int,
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+        body_size: int,
+        arrival: float,
+        timestamp: float,
     ) -> Message:
         """Build from the raw publish; raises PropertiesError for malformed properties."""
         mode, prio, exp, hoff = props_codec.peek(properties)
-        return cls(id, exchange, routing_key, properties, body, body_size, arrival, timestamp,
-                   delivery_mode=mode, priority=prio,
-                   expiration=props_codec.expiration_ms(exp), headers_offset=hoff)
+        return cls(
+            id,
+            exchange,
+            routing_key,
+            properties,
+            body,
+            body_size,
+            arrival,
+            timestamp,
+            delivery_mode=mode,
+            priority=prio,
+            expiration=props_codec.expiration_ms(exp),
+            headers_offset=hoff,
+        )
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -104,11 +149,24 @@ class Message:
         """A copy with re-encoded properties and fresh per-queue state (dead-lettering)."""
         raw = props_codec.encode(props)
         mode, prio, exp, hoff = props_codec.peek(raw)
-        m = Message(new_id, self.exchange, self.routing_key, raw, self.body, self.body_size,
-                    self.arrival, self.timestamp, delivery_mode=mode, priority=prio,
-                    expiration=props_codec.expiration_ms(exp), headers_offset=hoff)
+        m = Message(
+            new_id,
+            self.exchange,
+            self.routing_key,
+            raw,
+            self.body,
+            self.body_size,
+            self.arrival,
+            self.timestamp,
+            delivery_mode=mode,
+            priority=prio,
+            expiration=props_codec.expiration_ms(exp),
+            headers_offset=hoff,
+        )
         return m
 
     def __repr__(self) -> str:
-        return (f"<Message {self.id} {self.exchange!r}/{self.routing_key!r} "
-                f"{self.body_size}B count={self.delivery_count}>")
+        return (
+            f"<Message {self.id} {self.exchange!r}/{self.routing_key!r} "
+            f"{self.body_size}B count={self.delivery_count}>"
+        )

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, TypeGuard
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from broker.domain.message import Message
 
@@ -47,13 +48,38 @@ class ConsumerChannel(Protocol):
 
 
 class Consumer:
-    __slots__ = ("tag", "tag_bytes", "channel", "queue", "no_ack", "exclusive", "prefetch",
-                 "unacked", "last_ack", "first_delivery", "isolated", "arguments", "order",
-                 "capped", "max_unacked", "delivered_total")
+    __slots__ = (
+        "arguments",
+        "capped",
+        "channel",
+        "delivered_total",
+        "exclusive",
+        "first_delivery",
+        "isolated",
+        "last_ack",
+        "max_unacked",
+        "no_ack",
+        "order",
+        "prefetch",
+        "queue",
+        "tag",
+        "tag_bytes",
+        "unacked",
+    )
 
-    def __init__(self, tag: str, channel: ConsumerChannel, queue: Queue, *, no_ack: bool,
-                 exclusive: bool, prefetch: int, arguments: dict[str, Any], order: int,
-                 max_unacked: int = DEFAULT_MAX_UNACKED_PER_CONSUMER) -> None:
+    def __init__(
+        self,
+        tag: str,
+        channel: ConsumerChannel,
+        queue: Queue,
+        *,
+        no_ack: bool,
+        exclusive: bool,
+        prefetch: int,
+        arguments: dict[str, Any],
+        order: int,
+        max_unacked: int = DEFAULT_MAX_UNACKED_PER_CONSUMER,
+    ) -> None:
         self.tag = tag
         self.tag_bytes = tag.encode()
         self.channel = channel
@@ -120,7 +146,7 @@ class _Ready(deque):  # type: ignore[type-arg]
 class _PriorityReady:
     """Ready messages by priority (``x-max-priority``): highest first, FIFO within a level."""
 
-    __slots__ = ("_levels", "_n", "_max")
+    __slots__ = ("_levels", "_max", "_n")
 
     def __init__(self, max_priority: int) -> None:
         self._max = max_priority
@@ -179,15 +205,28 @@ class _PriorityReady:
 
 
 class Queue:
-    def __init__(self, vhost: VirtualHost, name: str, *, durable: bool = False,
-                 exclusive_owner: str | None = None, auto_delete: bool = False,
-                 arguments: dict[str, Any] | None = None, subscription_type: str = SHARED,
-                 max_priority: int | None = None, message_ttl: int | None = None,
-                 expires: int | None = None, max_length: int | None = None,
-                 max_length_bytes: int | None = None, overflow: str = "drop-head",
-                 dlx: str | None = None, dlx_routing_key: str | None = None,
-                 delivery_limit: int | None = None, retry_target: str | None = None,
-                 retry_levels: tuple[float, ...] = ()) -> None:
+    def __init__(
+        self,
+        vhost: VirtualHost,
+        name: str,
+        *,
+        durable: bool = False,
+        exclusive_owner: str | None = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        subscription_type: str = SHARED,
+        max_priority: int | None = None,
+        message_ttl: int | None = None,
+        expires: int | None = None,
+        max_length: int | None = None,
+        max_length_bytes: int | None = None,
+        overflow: str = "drop-head",
+        dlx: str | None = None,
+        dlx_routing_key: str | None = None,
+        delivery_limit: int | None = None,
+        retry_target: str | None = None,
+        retry_levels: tuple[float, ...] = (),
+    ) -> None:
         self.vhost = vhost
         self.name = name
         self.durable = durable
@@ -349,7 +388,8 @@ class Queue:
         max_len, max_bytes = self.max_length, self.max_length_bytes
         if self.overflow in ("reject-publish", "reject-publish-dlx"):
             if (max_len is not None and len(self.ready) >= max_len) or (
-                    max_bytes is not None and self.ready_bytes + msg.body_size > max_bytes):
+                max_bytes is not None and self.ready_bytes + msg.body_size > max_bytes
+            ):
                 if self.overflow == "reject-publish-dlx":
                     msg.queue_name = self.name
                     self.vhost.dead_letter(self, msg, "maxlen")
@@ -357,8 +397,9 @@ class Queue:
             return True
         # drop-head: make room by dropping (dead-lettering) the oldest ready messages
         while self.ready and (
-                (max_len is not None and len(self.ready) >= max_len)
-                or (max_bytes is not None and self.ready_bytes + msg.body_size > max_bytes)):
+            (max_len is not None and len(self.ready) >= max_len)
+            or (max_bytes is not None and self.ready_bytes + msg.body_size > max_bytes)
+        ):
             head = self.ready.popleft()
             self.ready_bytes -= head.body_size
             self._forget(head)
@@ -484,7 +525,8 @@ class Queue:
         if self._idle_timer is not None:
             self.vhost.timers.cancel(self._idle_timer)
         self._idle_timer = self.vhost.timers.call_at(
-            self.last_used + self.expires / 1000.0, self._on_idle)
+            self.last_used + self.expires / 1000.0, self._on_idle
+        )
 
     def _on_idle(self) -> None:
         self._idle_timer = None
@@ -500,12 +542,28 @@ class Queue:
 
     # ----------------------------------------------------------------- consumers
 
-    def add_consumer(self, tag: str, channel: ConsumerChannel, *, no_ack: bool, exclusive: bool,
-                     prefetch: int, arguments: dict[str, Any]) -> Consumer:
+    def add_consumer(
+        self,
+        tag: str,
+        channel: ConsumerChannel,
+        *,
+        no_ack: bool,
+        exclusive: bool,
+        prefetch: int,
+        arguments: dict[str, Any],
+    ) -> Consumer:
         self._consumer_order += 1
-        c = Consumer(tag, channel, self, no_ack=no_ack, exclusive=exclusive, prefetch=prefetch,
-                     arguments=arguments, order=self._consumer_order,
-                     max_unacked=self.max_unacked_per_consumer)
+        c = Consumer(
+            tag,
+            channel,
+            self,
+            no_ack=no_ack,
+            exclusive=exclusive,
+            prefetch=prefetch,
+            arguments=arguments,
+            order=self._consumer_order,
+            max_unacked=self.max_unacked_per_consumer,
+        )
         self.consumers.append(c)
         self.had_consumers = True
         self._key_owner.clear()
@@ -618,11 +676,17 @@ class Queue:
         if c is None:
             best = -1
             for cand in self.consumers:
-                w = int.from_bytes(hashlib.blake2b(
-                    # surrogatepass: header strings may hold lone surrogates (py-amqp decodes so)
-                    f"{key}\x00{cand.channel.connection_id}\x00{cand.tag}".encode(
-                        "utf-8", "surrogatepass"),
-                    digest_size=8).digest(), "big")
+                w = int.from_bytes(
+                    hashlib.blake2b(
+                        # surrogatepass: header strings may hold lone surrogates
+                        # (py-amqp decodes so)
+                        f"{key}\x00{cand.channel.connection_id}\x00{cand.tag}".encode(
+                            "utf-8", "surrogatepass"
+                        ),
+                        digest_size=8,
+                    ).digest(),
+                    "big",
+                )
                 if w > best:
                     best, c = w, cand
             assert c is not None

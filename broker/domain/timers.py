@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class TimerHandle:
-    __slots__ = ("due", "fn", "args", "cancelled")
+    __slots__ = ("args", "cancelled", "due", "fn")
 
     def __init__(self, due: float, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.due = due

@@ -6,7 +6,8 @@ import datetime as _dt
 import itertools
 import logging
 import secrets
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from broker.domain.exchange import (
     DELAYED_TYPE,
@@ -72,16 +73,20 @@ def advance_message_ids(floor: int) -> None:
 
 def _int_arg(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ChannelError(PRECONDITION_FAILED,
-                           f"invalid arg '{name}' for queue: {value!r} is not an integer",
-                           (50, 10))
+        raise ChannelError(
+            PRECONDITION_FAILED,
+            f"invalid arg '{name}' for queue: {value!r} is not an integer",
+            (50, 10),
+        )
     if value < minimum or (maximum is not None and value > maximum):
         hi = f" and {maximum}" if maximum is not None else ""
-        raise ChannelError(PRECONDITION_FAILED,
-                           f"invalid arg '{name}' for queue: {value} is not between {minimum}{hi}"
-                           if maximum is not None else
-                           f"invalid arg '{name}' for queue: {value} is below {minimum}",
-                           (50, 10))
+        raise ChannelError(
+            PRECONDITION_FAILED,
+            f"invalid arg '{name}' for queue: {value} is not between {minimum}{hi}"
+            if maximum is not None
+            else f"invalid arg '{name}' for queue: {value} is below {minimum}",
+            (50, 10),
+        )
     return value
 
 
@@ -102,78 +107,111 @@ def queue_options(args: dict[str, Any]) -> dict[str, Any]:
     if "x-overflow" in args:
         ov = args["x-overflow"]
         if ov not in ("drop-head", "reject-publish", "reject-publish-dlx"):
-            raise ChannelError(PRECONDITION_FAILED,
-                               f"invalid arg 'x-overflow' for queue: {ov!r} is not drop-head, "
-                               "reject-publish or reject-publish-dlx", (50, 10))
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-overflow' for queue: {ov!r} is not drop-head, "
+                "reject-publish or reject-publish-dlx",
+                (50, 10),
+            )
         opts["overflow"] = ov
     if "x-max-priority" in args:
         opts["max_priority"] = _int_arg("x-max-priority", args["x-max-priority"], maximum=255)
     if "x-dead-letter-exchange" in args:
         dlx = args["x-dead-letter-exchange"]
         if not isinstance(dlx, str):
-            raise ChannelError(PRECONDITION_FAILED,
-                               "invalid arg 'x-dead-letter-exchange' for queue: not a string",
-                               (50, 10))
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                "invalid arg 'x-dead-letter-exchange' for queue: not a string",
+                (50, 10),
+            )
         opts["dlx"] = dlx
     if "x-dead-letter-routing-key" in args:
         rk = args["x-dead-letter-routing-key"]
         if not isinstance(rk, str):
-            raise ChannelError(PRECONDITION_FAILED,
-                               "invalid arg 'x-dead-letter-routing-key' for queue: not a string",
-                               (50, 10))
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                "invalid arg 'x-dead-letter-routing-key' for queue: not a string",
+                (50, 10),
+            )
         if "x-dead-letter-exchange" not in args:
-            raise ChannelError(PRECONDITION_FAILED,
-                               "invalid arg 'x-dead-letter-routing-key' for queue: it needs "
-                               "x-dead-letter-exchange", (50, 10))
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                "invalid arg 'x-dead-letter-routing-key' for queue: it needs "
+                "x-dead-letter-exchange",
+                (50, 10),
+            )
         opts["dlx_routing_key"] = rk
     stype = args.get("x-subscription-type")
     if stype is not None:
         if stype not in SUBSCRIPTION_TYPES:
-            raise ChannelError(PRECONDITION_FAILED,
-                               f"invalid arg 'x-subscription-type' for queue: {stype!r} is not "
-                               f"one of {', '.join(SUBSCRIPTION_TYPES)}", (50, 10))
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-subscription-type' for queue: {stype!r} is not "
+                f"one of {', '.join(SUBSCRIPTION_TYPES)}",
+                (50, 10),
+            )
         opts["subscription_type"] = stype
     sac = args.get("x-single-active-consumer")
     if sac is not None:
         if not isinstance(sac, bool):
-            raise ChannelError(PRECONDITION_FAILED,
-                               "invalid arg 'x-single-active-consumer' for queue: not a boolean",
-                               (50, 10))
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                "invalid arg 'x-single-active-consumer' for queue: not a boolean",
+                (50, 10),
+            )
         if sac:
             if stype not in (None, FAILOVER):
-                raise ChannelError(PRECONDITION_FAILED,
-                                   "x-single-active-consumer conflicts with x-subscription-type "
-                                   f"{stype!r}", (50, 10))
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"x-single-active-consumer conflicts with x-subscription-type {stype!r}",
+                    (50, 10),
+                )
             opts["subscription_type"] = FAILOVER
     if "x-delivery-limit" in args:
         opts["delivery_limit"] = _int_arg("x-delivery-limit", args["x-delivery-limit"])
     if "x-retry-target" in args:
         target = args["x-retry-target"]
         if not isinstance(target, str) or not target:
-            raise ChannelError(PRECONDITION_FAILED,
-                               "invalid arg 'x-retry-target' for queue: not a queue name",
-                               (50, 10))
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                "invalid arg 'x-retry-target' for queue: not a queue name",
+                (50, 10),
+            )
         opts["retry_target"] = target
     if "x-retry-levels" in args:
         levels = args["x-retry-levels"]
-        if not isinstance(levels, list) or not levels or not all(
-                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in levels):
-            raise ChannelError(PRECONDITION_FAILED,
-                               "invalid arg 'x-retry-levels' for queue: a list of delays in ms",
-                               (50, 10))
+        if (
+            not isinstance(levels, list)
+            or not levels
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in levels)
+        ):
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                "invalid arg 'x-retry-levels' for queue: a list of delays in ms",
+                (50, 10),
+            )
         opts["retry_levels"] = tuple(x / 1000.0 for x in levels)
     qtype = args.get("x-queue-type")
     if qtype is not None and qtype not in ("classic", "quorum"):
-        raise ChannelError(PRECONDITION_FAILED,
-                           f"invalid arg 'x-queue-type' for queue: {qtype!r} is not classic or "
-                           "quorum", (50, 10))
+        raise ChannelError(
+            PRECONDITION_FAILED,
+            f"invalid arg 'x-queue-type' for queue: {qtype!r} is not classic or quorum",
+            (50, 10),
+        )
     return opts
 
 
 class VirtualHost:
-    def __init__(self, name: str, *, clock: Any, timers: Timers, hooks: Any = None,
-                 store: Store | None = None,
-                 mark_dirty: Callable[[Queue], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        clock: Any,
+        timers: Timers,
+        hooks: Any = None,
+        store: Store | None = None,
+        mark_dirty: Callable[[Queue], None] | None = None,
+    ) -> None:
         self.name = name
         self.clock = clock
         self.timers = timers
@@ -204,10 +242,17 @@ class VirtualHost:
 
     # ----------------------------------------------------------------- exchanges
 
-    def declare_exchange(self, name: str, type_: str, *, passive: bool = False,
-                         durable: bool = False, auto_delete: bool = False,
-                         internal: bool = False, arguments: dict[str, Any] | None = None,
-                         ) -> Exchange:
+    def declare_exchange(
+        self,
+        name: str,
+        type_: str,
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> Exchange:
         arguments = arguments or {}
         sig = (40, 10)
         ex = self.exchanges.get(name)
@@ -220,35 +265,49 @@ class VirtualHost:
                 return ex
             if ex is not None and name:
                 # an existing standard exchange: the type check fails, as in RabbitMQ
-                raise ChannelError(PRECONDITION_FAILED,
-                                   f"inequivalent arg 'type' for exchange '{name}' in vhost "
-                                   f"'{self.name}': received '{type_}' but current is "
-                                   f"'{ex.type}'", sig)
-            raise ChannelError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix "
-                               "amq.*" if name else "the default exchange cannot be declared",
-                               sig)
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg 'type' for exchange '{name}' in vhost "
+                    f"'{self.name}': received '{type_}' but current is "
+                    f"'{ex.type}'",
+                    sig,
+                )
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"exchange name '{name}' contains reserved prefix amq.*"
+                if name
+                else "the default exchange cannot be declared",
+                sig,
+            )
         if ex is not None:
             diff = ex.equivalent(type_, durable, auto_delete, internal, arguments)
             if diff is not None:
-                raise ChannelError(PRECONDITION_FAILED,
-                                   f"inequivalent arg '{diff}' for exchange '{name}' in vhost "
-                                   f"'{self.name}'", sig)
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg '{diff}' for exchange '{name}' in vhost '{self.name}'",
+                    sig,
+                )
             return ex
         if type_ == DELAYED_TYPE:
             inner = arguments.get("x-delayed-type")
             if not isinstance(inner, str) or inner not in EXCHANGE_TYPES:  # may be a table
-                raise ChannelError(PRECONDITION_FAILED,
-                                   "x-delayed-message exchange needs argument x-delayed-type: "
-                                   "direct, fanout, topic or headers", sig)
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    "x-delayed-message exchange needs argument x-delayed-type: "
+                    "direct, fanout, topic or headers",
+                    sig,
+                )
             cls: type[Exchange] = DelayedExchange
         else:
             try:
                 cls = EXCHANGE_TYPES[type_]
             except KeyError:
-                raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'",
-                                       sig) from None
-        ex = cls(name, durable=durable, auto_delete=auto_delete, internal=internal,
-                 arguments=arguments)
+                raise ConnectionError_(
+                    COMMAND_INVALID, f"unknown exchange type '{type_}'", sig
+                ) from None
+        ex = cls(
+            name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
+        )
         self.exchanges[name] = ex
         if durable and self.store.durable:
             self.store.save_exchange(self.name, ex)
@@ -280,10 +339,18 @@ class VirtualHost:
 
     # ----------------------------------------------------------------- queues
 
-    def declare_queue(self, name: str, *, passive: bool = False, durable: bool = False,
-                      exclusive: bool = False, auto_delete: bool = False,
-                      arguments: dict[str, Any] | None = None, owner: str = "",
-                      subscription_type: str | None = None) -> tuple[Queue, bool]:
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        owner: str = "",
+        subscription_type: str | None = None,
+    ) -> tuple[Queue, bool]:
         """Declare (or find) a queue; returns ``(queue, created)``."""
         sig = (50, 10)
         arguments = arguments or {}
@@ -297,38 +364,57 @@ class VirtualHost:
             self._check_owner(q, owner, sig)
             if (q.exclusive_owner is not None) != exclusive:
                 # RabbitMQ checks exclusivity strictly on redeclare: 405, not 406
-                raise ChannelError(RESOURCE_LOCKED,
-                                   f"cannot obtain exclusive access to locked queue '{name}' in "
-                                   f"vhost '{self.name}'. It could be originally declared on "
-                                   "another connection or the exclusive property value does "
-                                   "not match that of the original declaration.", sig)
-            for field_, mine, theirs in (("durable", q.durable, durable),
-                                         ("auto_delete", q.auto_delete, auto_delete)):
+                raise ChannelError(
+                    RESOURCE_LOCKED,
+                    f"cannot obtain exclusive access to locked queue '{name}' in "
+                    f"vhost '{self.name}'. It could be originally declared on "
+                    "another connection or the exclusive property value does "
+                    "not match that of the original declaration.",
+                    sig,
+                )
+            for field_, mine, theirs in (
+                ("durable", q.durable, durable),
+                ("auto_delete", q.auto_delete, auto_delete),
+            ):
                 if mine != theirs:
-                    raise ChannelError(PRECONDITION_FAILED,
-                                       f"inequivalent arg '{field_}' for queue '{name}' in vhost "
-                                       f"'{self.name}': received '{theirs}' but current is "
-                                       f"'{mine}'", sig)
+                    raise ChannelError(
+                        PRECONDITION_FAILED,
+                        f"inequivalent arg '{field_}' for queue '{name}' in vhost "
+                        f"'{self.name}': received '{theirs}' but current is "
+                        f"'{mine}'",
+                        sig,
+                    )
             for k, v in arguments.items():
                 # a redeclare may leave arguments out, but may not change one
                 if k.startswith("x-") and q.arguments.get(k) != v:
-                    raise ChannelError(PRECONDITION_FAILED,
-                                       f"inequivalent arg '{k}' for queue '{name}' in vhost "
-                                       f"'{self.name}': received {v!r} but current is "
-                                       f"{q.arguments.get(k)!r}", sig)
+                    raise ChannelError(
+                        PRECONDITION_FAILED,
+                        f"inequivalent arg '{k}' for queue '{name}' in vhost "
+                        f"'{self.name}': received {v!r} but current is "
+                        f"{q.arguments.get(k)!r}",
+                        sig,
+                    )
             q.touch()
             q.arm_idle_expiry()
             return q, False
         if name.startswith("amq."):
-            raise ChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix "
-                               "amq.*", sig)
+            raise ChannelError(
+                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix amq.*", sig
+            )
         if not name:
             name = "amq.gen-" + secrets.token_urlsafe(16)
         opts = queue_options(arguments)
         if subscription_type is not None and "subscription_type" not in opts:
             opts["subscription_type"] = subscription_type
-        q = Queue(self, name, durable=durable, exclusive_owner=owner if exclusive else None,
-                  auto_delete=auto_delete, arguments=arguments, **opts)
+        q = Queue(
+            self,
+            name,
+            durable=durable,
+            exclusive_owner=owner if exclusive else None,
+            auto_delete=auto_delete,
+            arguments=arguments,
+            **opts,
+        )
         self.queues[name] = q
         if durable and self.store.durable:
             self.store.save_queue(q)
@@ -343,11 +429,14 @@ class VirtualHost:
 
     def _check_owner(self, q: Queue, owner: str, sig: tuple[int, int]) -> None:
         if q.exclusive_owner is not None and q.exclusive_owner != owner:
-            raise ChannelError(RESOURCE_LOCKED,
-                               f"cannot obtain exclusive access to locked queue '{q.name}' in "
-                               f"vhost '{self.name}'. It could be originally declared on another "
-                               "connection or the exclusive property value does not match that "
-                               "of the original declaration.", sig)
+            raise ChannelError(
+                RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{q.name}' in "
+                f"vhost '{self.name}'. It could be originally declared on another "
+                "connection or the exclusive property value does not match that "
+                "of the original declaration.",
+                sig,
+            )
 
     def get_queue(self, name: str, sig: tuple[int, int], owner: str = "") -> Queue:
         q = self.queues.get(name)
@@ -356,8 +445,15 @@ class VirtualHost:
         self._check_owner(q, owner, sig)
         return q
 
-    def delete_queue(self, q: Queue, *, reason: str = "client", detail: str = "",
-                     if_unused: bool = False, if_empty: bool = False) -> int:
+    def delete_queue(
+        self,
+        q: Queue,
+        *,
+        reason: str = "client",
+        detail: str = "",
+        if_unused: bool = False,
+        if_empty: bool = False,
+    ) -> int:
         """Delete ``q``: cancel its consumers, drop its bindings, release its messages.
 
         ``reason`` is the code plugins see (``client``, ``auto-delete``, ``expired``,
@@ -365,11 +461,13 @@ class VirtualHost:
         """
         sig = (50, 40)
         if if_unused and q.consumers:
-            raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' in "
-                               "use", sig)
+            raise ChannelError(
+                PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' in use", sig
+            )
         if if_empty and q.message_count:
-            raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' is "
-                               "not empty", sig)
+            raise ChannelError(
+                PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' is not empty", sig
+            )
         if q.deleted:
             return 0
         q.deleted = True
@@ -384,8 +482,14 @@ class VirtualHost:
         msgs = q.drain_all()
         if q.durable and self.store.durable:
             self.store.delete_queue(self.name, q.name)
-        log.info("queue '%s' in vhost '%s' deleted (%s%s), %d messages released",
-                 q.name, self.name, reason, f": {detail}" if detail else "", len(msgs))
+        log.info(
+            "queue '%s' in vhost '%s' deleted (%s%s), %d messages released",
+            q.name,
+            self.name,
+            reason,
+            f": {detail}" if detail else "",
+            len(msgs),
+        )
         h = self.hooks.queue_deleted
         if h is not None:
             h(vhost=self.name, queue=q.name, reason=reason)
@@ -393,18 +497,19 @@ class VirtualHost:
 
     # ----------------------------------------------------------------- bindings
 
-    def bind(self, source: Exchange, dest: Queue | Exchange, routing_key: str,
-             arguments: dict[str, Any]) -> None:
+    def bind(
+        self, source: Exchange, dest: Queue | Exchange, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
         if source is self.default_exchange:
-            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange",
-                               (50, 20))
+            raise ChannelError(
+                ACCESS_REFUSED, "operation not permitted on the default exchange", (50, 20)
+            )
         b = Binding(source, dest, routing_key, arguments)
         if not source.bind(b):
             return
         if self.store.durable and source.durable and dest.durable:
             kind = "queue" if isinstance(dest, Queue) else "exchange"
-            self.store.save_binding(self.name, source.name, kind, dest.name, routing_key,
-                                    arguments)
+            self.store.save_binding(self.name, source.name, kind, dest.name, routing_key, arguments)
         if isinstance(dest, Queue):
             dest.bound[id(b)] = b
             dest.view_static = None
@@ -414,11 +519,13 @@ class VirtualHost:
             if h is not None:
                 h(vhost=self.name, queue=dest.name, exchange=source.name, routing_key=routing_key)
 
-    def unbind(self, source: Exchange, dest: Queue | Exchange, routing_key: str,
-               arguments: dict[str, Any]) -> None:
+    def unbind(
+        self, source: Exchange, dest: Queue | Exchange, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
         if source is self.default_exchange:
-            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange",
-                               (50, 50))
+            raise ChannelError(
+                ACCESS_REFUSED, "operation not permitted on the default exchange", (50, 50)
+            )
         b = source.unbind(dest, routing_key, arguments)
         if b is not None:
             self._binding_gone(b)
@@ -427,8 +534,9 @@ class VirtualHost:
         dest = b.destination
         if self.store.durable and b.source.durable and dest.durable:
             kind = "queue" if isinstance(dest, Queue) else "exchange"
-            self.store.delete_binding(self.name, b.source.name, kind, dest.name, b.routing_key,
-                                      b.arguments)
+            self.store.delete_binding(
+                self.name, b.source.name, kind, dest.name, b.routing_key, b.arguments
+            )
         if isinstance(dest, Queue):
             dest.bound.pop(id(b), None)
             dest.view_static = None
@@ -437,8 +545,12 @@ class VirtualHost:
                 self.on_topology_change(dest)
             h = self.hooks.queue_unbound
             if h is not None:
-                h(vhost=self.name, queue=dest.name, exchange=b.source.name,
-                  routing_key=b.routing_key)
+                h(
+                    vhost=self.name,
+                    queue=dest.name,
+                    exchange=b.source.name,
+                    routing_key=b.routing_key,
+                )
         src = b.source
         if src.auto_delete and not src.bindings and src.name in self.exchanges:
             self.delete_exchange(src.name)
@@ -573,8 +685,12 @@ class VirtualHost:
             extra = dict(chosen.headers) if chosen.headers else None
             if chosen.declare_queue and chosen.declare_queue not in self.queues:
                 dlq, _ = self.declare_queue(chosen.declare_queue, durable=True)
-                log.info("dead-letter queue '%s' in vhost '%s' created for queue '%s'",
-                         dlq.name, self.name, q.name)
+                log.info(
+                    "dead-letter queue '%s' in vhost '%s' created for queue '%s'",
+                    dlq.name,
+                    self.name,
+                    q.name,
+                )
         else:
             if q.dlx is None:
                 return False
@@ -583,18 +699,28 @@ class VirtualHost:
             extra = None
         ex = self.exchanges.get(target)
         if ex is None:
-            log.warning("dead-letter exchange '%s' of queue '%s' in vhost '%s' does not exist; "
-                        "message dropped", target, q.name, self.name)
+            log.warning(
+                "dead-letter exchange '%s' of queue '%s' in vhost '%s' does not exist; "
+                "message dropped",
+                target,
+                q.name,
+                self.name,
+            )
             h = self.hooks.message_dropped
             if h is not None:
                 h(vhost=self.name, queue=q.name, message=msg, reason=reason)
             return True
         if not self.ensure_body(q, msg):
-            log.error("dead-lettering message %d of queue '%s' in vhost '%s': its body is "
-                      "gone; dropped", msg.id, q.name, self.name)
+            log.error(
+                "dead-lettering message %d of queue '%s' in vhost '%s': its body is gone; dropped",
+                msg.id,
+                q.name,
+                self.name,
+            )
             return True
-        dead = self.make_dead_letter(q, msg, reason, routing_key=routing_key, exchange=target,
-                                     extra_headers=extra)
+        dead = self.make_dead_letter(
+            q, msg, reason, routing_key=routing_key, exchange=target, extra_headers=extra
+        )
         queues = self.route(ex, dead)
         deaths = dead.headers.get("x-death") or []
         rejected_in_chain = any(d.get("reason") == "rejected" for d in deaths)
@@ -602,14 +728,23 @@ class VirtualHost:
             died_in = {d.get("queue") for d in deaths}
             cyc = [t for t in queues if t.name in died_in]
             if cyc:
-                log.warning("dead-letter cycle through %s in vhost '%s' broken: message %d "
-                            "dropped there", ", ".join(repr(t.name) for t in cyc), self.name,
-                            msg.id)
+                log.warning(
+                    "dead-letter cycle through %s in vhost '%s' broken: message %d dropped there",
+                    ", ".join(repr(t.name) for t in cyc),
+                    self.name,
+                    msg.id,
+                )
                 queues = [t for t in queues if t not in cyc]
         h = self.hooks.message_dead_lettered
         if h is not None:
-            h(vhost=self.name, queue=q.name, message=msg, reason=reason, exchange=target,
-              routing_key=dead.routing_key)
+            h(
+                vhost=self.name,
+                queue=q.name,
+                message=msg,
+                reason=reason,
+                exchange=target,
+                routing_key=dead.routing_key,
+            )
         if queues:
             taken, _ = self.deliver_to_queues(queues, dead)
             for t in taken:
@@ -623,14 +758,21 @@ class VirtualHost:
             msg.body = self.store.read_body(q, msg)  # type: ignore[assignment]
         return msg.body is not None
 
-    def make_dead_letter(self, q: Queue, msg: Message, reason: str, *, routing_key: str,
-                         exchange: str | None = None,
-                         extra_headers: dict[str, Any] | None = None) -> Message:
+    def make_dead_letter(
+        self,
+        q: Queue,
+        msg: Message,
+        reason: str,
+        *,
+        routing_key: str,
+        exchange: str | None = None,
+        extra_headers: dict[str, Any] | None = None,
+    ) -> Message:
         """A copy of ``msg`` carrying RabbitMQ's ``x-death`` record for this death."""
         props = msg.decoded
         headers = dict(props.get("application_headers") or {})
         deaths = [dict(d) for d in (headers.get("x-death") or []) if isinstance(d, dict)]
-        now = _dt.datetime.fromtimestamp(int(self.clock.time()), tz=_dt.timezone.utc)
+        now = _dt.datetime.fromtimestamp(int(self.clock.time()), tz=_dt.UTC)
         entry = None
         for d in deaths:
             if d.get("queue") == q.name and d.get("reason") == reason:
@@ -641,8 +783,14 @@ class VirtualHost:
             entry["count"] = int(entry.get("count", 1)) + 1
             entry["time"] = now
         else:
-            entry = {"count": 1, "reason": reason, "queue": q.name, "time": now,
-                     "exchange": msg.exchange, "routing-keys": [msg.routing_key]}
+            entry = {
+                "count": 1,
+                "reason": reason,
+                "queue": q.name,
+                "time": now,
+                "exchange": msg.exchange,
+                "routing-keys": [msg.routing_key],
+            }
             if props.get("expiration") is not None:
                 entry["original-expiration"] = props["expiration"]
         deaths.insert(0, entry)
@@ -668,15 +816,23 @@ class VirtualHost:
         """A retry queue's delay ran out: the message goes back to its target queue."""
         target = self.queues.get(retry_q.retry_target or "")
         if target is None:
-            log.warning("retry queue '%s' in vhost '%s': target queue '%s' does not exist; "
-                        "message dropped", retry_q.name, self.name, retry_q.retry_target)
+            log.warning(
+                "retry queue '%s' in vhost '%s': target queue '%s' does not exist; message dropped",
+                retry_q.name,
+                self.name,
+                retry_q.retry_target,
+            )
             h = self.hooks.message_dropped
             if h is not None:
                 h(vhost=self.name, queue=retry_q.name, message=msg, reason="no-target")
             return
         if not self.ensure_body(retry_q, msg):
-            log.error("retry queue '%s' in vhost '%s': message %d has no body; dropped",
-                      retry_q.name, self.name, msg.id)
+            log.error(
+                "retry queue '%s' in vhost '%s': message %d has no body; dropped",
+                retry_q.name,
+                self.name,
+                msg.id,
+            )
             return
         m = msg.copy()
         m.id = next_message_id()
@@ -684,18 +840,28 @@ class VirtualHost:
         m.expires_at = None
         m.stored = False
         m.redelivered = False
-        taken, refused = self.deliver_to_queues([target], m)
+        taken, _refused = self.deliver_to_queues([target], m)
         if not taken:
-            log.warning("retry queue '%s' in vhost '%s': target queue '%s' refused message %d "
-                        "(overflow)", retry_q.name, self.name, target.name, msg.id)
+            log.warning(
+                "retry queue '%s' in vhost '%s': target queue '%s' refused message %d (overflow)",
+                retry_q.name,
+                self.name,
+                target.name,
+                msg.id,
+            )
         h = self.hooks.message_redelivered
         if h is not None:
-            h(vhost=self.name, queue=target.name, message=m, delivery_count=m.delivery_count,
-              reason="retry")
+            h(
+                vhost=self.name,
+                queue=target.name,
+                message=m,
+                delivery_count=m.delivery_count,
+                reason="retry",
+            )
 
     def store_remove(self, q: Queue, msg: Message) -> None:
         msg.stored = False
         self.store.remove_message(q, msg)
 
 
-__all__ = ["EXCLUSIVE", "FAILOVER", "NoHooks", "SHARED", "VirtualHost", "queue_options"]
+__all__ = ["EXCLUSIVE", "FAILOVER", "SHARED", "NoHooks", "VirtualHost", "queue_options"]

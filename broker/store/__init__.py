@@ -8,7 +8,8 @@ is on disk, which is how publisher confirms for persistent messages wait for the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from broker.domain.exchange import Exchange
@@ -34,11 +35,25 @@ class Store(Protocol):
 
     def delete_exchange(self, vhost: str, name: str) -> None: ...
 
-    def save_binding(self, vhost: str, source: str, dest_kind: str, dest: str, key: str,
-                     arguments: dict[str, Any]) -> None: ...
+    def save_binding(
+        self,
+        vhost: str,
+        source: str,
+        dest_kind: str,
+        dest: str,
+        key: str,
+        arguments: dict[str, Any],
+    ) -> None: ...
 
-    def delete_binding(self, vhost: str, source: str, dest_kind: str, dest: str, key: str,
-                       arguments: dict[str, Any]) -> None: ...
+    def delete_binding(
+        self,
+        vhost: str,
+        source: str,
+        dest_kind: str,
+        dest: str,
+        key: str,
+        arguments: dict[str, Any],
+    ) -> None: ...
 
     def after_durable(self, callback: Callable[[], None]) -> None: ...
 
@@ -84,12 +99,26 @@ class MemoryStore:
     def delete_exchange(self, vhost: str, name: str) -> None:
         pass
 
-    def save_binding(self, vhost: str, source: str, dest_kind: str, dest: str, key: str,
-                     arguments: dict[str, Any]) -> None:
+    def save_binding(
+        self,
+        vhost: str,
+        source: str,
+        dest_kind: str,
+        dest: str,
+        key: str,
+        arguments: dict[str, Any],
+    ) -> None:
         pass
 
-    def delete_binding(self, vhost: str, source: str, dest_kind: str, dest: str, key: str,
-                       arguments: dict[str, Any]) -> None:
+    def delete_binding(
+        self,
+        vhost: str,
+        source: str,
+        dest_kind: str,
+        dest: str,
+        key: str,
+        arguments: dict[str, Any],
+    ) -> None:
         pass
 
     def after_durable(self, callback: Callable[[], None]) -> None:

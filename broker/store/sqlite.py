@@ -30,9 +30,10 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from amqp.serialization import dumps as _amqp_dumps
 from amqp.serialization import loads as _amqp_loads
@@ -70,7 +71,9 @@ LOAD_BYTES = 4 * 1024 * 1024
 LOAD_STEP = 1024
 
 # operation codes (first item of each operation tuple)
-_ADD, _REMOVE, _UPDATE, _DELIVERED, _HOLD, _DADD, _DREMOVE, _LOAD, _CALLBACK, _SQL, _SYNC = range(11)
+_ADD, _REMOVE, _UPDATE, _DELIVERED, _HOLD, _DADD, _DREMOVE, _LOAD, _CALLBACK, _SQL, _SYNC = range(
+    11
+)
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
@@ -127,6 +130,7 @@ def _args_key(args: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------- paging
 
+
 class PagedReady(_Ready):
     """The ready FIFO of a durable queue, whose messages deep in the queue may have no body
     in memory (``msg.body is None``: it is on disk).
@@ -136,7 +140,7 @@ class PagedReady(_Ready):
     loop never waits. ``len(ready)`` stays the true count, so figures are unaffected.
     """
 
-    __slots__ = ("store", "queue", "paged", "loading", "_since")
+    __slots__ = ("_since", "loading", "paged", "queue", "store")
 
     def __init__(self, store: SQLiteStore, queue: Queue) -> None:
         super().__init__()
@@ -197,8 +201,12 @@ class PagedReady(_Ready):
                 continue
             if b is None:
                 if m.id in q.held and not q.deleted:
-                    log.error("message %d of queue '%s' in vhost '%s' has no body in the store; "
-                              "dropped", m.id, q.name, q.vhost.name)
+                    log.error(
+                        "message %d of queue '%s' in vhost '%s' has no body in the store; dropped",
+                        m.id,
+                        q.name,
+                        q.vhost.name,
+                    )
                     try:
                         self.remove(m)
                     except ValueError:
@@ -241,8 +249,9 @@ _INSERT: dict[int, str] = {}
 def _insert_sql(n: int) -> str:
     sql = _INSERT.get(n)
     if sql is None:
-        sql = _INSERT[n] = ("INSERT OR REPLACE INTO messages VALUES "
-                            + ",".join(["(?,?,?,?,?,?,?,?,?,?,?,?)"] * n))
+        sql = _INSERT[n] = "INSERT OR REPLACE INTO messages VALUES " + ",".join(
+            ["(?,?,?,?,?,?,?,?,?,?,?,?)"] * n
+        )
     return sql
 
 
@@ -254,7 +263,7 @@ def _insert_rows(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
         k = _CHUNK
         while k > n - i:
             k //= 2
-        db.execute(_insert_sql(k), [v for row in rows[i:i + k] for v in row])
+        db.execute(_insert_sql(k), [v for row in rows[i : i + k] for v in row])
         i += k
 
 
@@ -273,11 +282,12 @@ def _by_queue(db: sqlite3.Connection, sql: str, keys: Any) -> None:
             k = _CHUNK * 4
             while k > n - i:
                 k //= 2
-            db.execute(sql.format(",".join("?" * k)), (qid, *mids[i:i + k]))
+            db.execute(sql.format(",".join("?" * k)), (qid, *mids[i : i + k]))
             i += k
 
 
 # -------------------------------------------------------------------------------------- store
+
 
 class SQLiteStore:
     """The :class:`broker.store.Store` kept in ``<dir>/plugbroker.db``."""
@@ -288,8 +298,7 @@ class SQLiteStore:
         self.dir = Path(path)
         self.file = self.dir / DB_NAME
         self._reader: sqlite3.Connection | None = None
-        self.synchronous = (synchronous or os.environ.get(SYNC_ENV) or DEFAULT_SYNCHRONOUS
-                            ).upper()
+        self.synchronous = (synchronous or os.environ.get(SYNC_ENV) or DEFAULT_SYNCHRONOUS).upper()
         if self.synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise StoreError(f"unknown synchronous mode {self.synchronous!r}", file=self.file)
         try:
@@ -340,8 +349,9 @@ class SQLiteStore:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise StoreError("the store is in use by another broker process (locked)",
-                             file=self.file) from None
+            raise StoreError(
+                "the store is in use by another broker process (locked)", file=self.file
+            ) from None
         return fd
 
     def _open(self) -> sqlite3.Connection:
@@ -353,16 +363,16 @@ class SQLiteStore:
         try:
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
-                raise StoreError(f"cannot switch the store to WAL mode (got {mode})",
-                                 file=self.file)
+                raise StoreError(
+                    f"cannot switch the store to WAL mode (got {mode})", file=self.file
+                )
             db.execute(f"PRAGMA synchronous={self.synchronous}")
             db.execute("PRAGMA cache_size=-65536")
             db.execute("PRAGMA temp_store=MEMORY")
             db.execute("PRAGMA wal_autocheckpoint=4096")
             db.execute("PRAGMA journal_size_limit=67108864")
             version = db.execute("PRAGMA user_version").fetchone()[0]
-            tables = {r[0] for r in db.execute(
-                "SELECT name FROM sqlite_master WHERE type='table'")}
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if version == 0 and not tables:
                 if existed:
                     log.info("store %s is empty; creating the layout", self.file)
@@ -371,45 +381,60 @@ class SQLiteStore:
                 if version == 0:
                     raise StoreError(
                         "not a plugbroker store (tables without a schema version); refusing "
-                        "to use it — move it aside", file=self.file)
+                        "to use it — move it aside",
+                        file=self.file,
+                    )
                 if version > SCHEMA_VERSION:
                     raise StoreError(
                         f"the store has layout version {version}, newer than this broker's "
                         f"{SCHEMA_VERSION}; refusing to start (use a newer plugbroker)",
-                        file=self.file)
+                        file=self.file,
+                    )
                 while version < SCHEMA_VERSION:
                     migrate = MIGRATIONS.get(version)
                     if migrate is None:
                         raise StoreError(
                             f"the store has layout version {version}, which this broker "
                             f"(version {SCHEMA_VERSION}) cannot migrate; refusing to start",
-                            file=self.file)
-                    log.warning("migrating store %s from layout %d to %d", self.file, version,
-                                version + 1)
+                            file=self.file,
+                        )
+                    log.warning(
+                        "migrating store %s from layout %d to %d", self.file, version, version + 1
+                    )
                     db.execute("BEGIN IMMEDIATE")
                     migrate(db)
                     version += 1
                     db.execute(f"PRAGMA user_version={version}")
-                    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
-                               (str(version),))
+                    db.execute(
+                        "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),)
+                    )
                     db.execute("COMMIT")
-                missing = _TABLES - {r[0] for r in db.execute(
-                    "SELECT name FROM sqlite_master WHERE type='table'")}
+                missing = _TABLES - {
+                    r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                }
                 if missing:
-                    raise StoreError(f"the store lacks table(s) {', '.join(sorted(missing))}; "
-                                     "refusing to start", file=self.file)
+                    raise StoreError(
+                        f"the store lacks table(s) {', '.join(sorted(missing))}; refusing to start",
+                        file=self.file,
+                    )
                 check = db.execute("PRAGMA quick_check").fetchall()
                 if check != [("ok",)]:
                     detail = "; ".join(str(r[0]) for r in check[:3])
-                    raise StoreError(f"the store is corrupt ({detail}); refusing to start — "
-                                     "restore a backup or move it aside", file=self.file)
+                    raise StoreError(
+                        f"the store is corrupt ({detail}); refusing to start — "
+                        "restore a backup or move it aside",
+                        file=self.file,
+                    )
         except StoreError:
             db.close()
             raise
         except sqlite3.Error as exc:
             db.close()
-            raise StoreError(f"the store is corrupt or unreadable ({exc}); refusing to start — "
-                             "restore a backup or move it aside", file=self.file) from None
+            raise StoreError(
+                f"the store is corrupt or unreadable ({exc}); refusing to start — "
+                "restore a backup or move it aside",
+                file=self.file,
+            ) from None
         return db
 
     @staticmethod
@@ -427,12 +452,14 @@ class SQLiteStore:
         db = self._db
         try:
             self._queues: dict[tuple[str, str], int] = {
-                (v, n): qid for qid, v, n in db.execute("SELECT qid, vhost, name FROM queues")}
+                (v, n): qid for qid, v, n in db.execute("SELECT qid, vhost, name FROM queues")
+            }
             self._next_qid = (db.execute("SELECT max(qid) FROM queues").fetchone()[0] or 0) + 1
             self._seq = (db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0) + 1
         except sqlite3.Error as exc:
-            raise StoreError(f"the store is corrupt or unreadable ({exc}); refusing to start",
-                             file=self.file) from None
+            raise StoreError(
+                f"the store is corrupt or unreadable ({exc}); refusing to start", file=self.file
+            ) from None
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """The broker's loop is known: callbacks run there from now on."""
@@ -463,8 +490,9 @@ class SQLiteStore:
         off = self._offset
         if off is None:
             c = self._clock
-            off = self._offset = (c.time() - c.monotonic()) if c is not None else (
-                time.time() - time.monotonic())
+            off = self._offset = (
+                (c.time() - c.monotonic()) if c is not None else (time.time() - time.monotonic())
+            )
         return mono + off
 
     def _now_wall(self) -> float:
@@ -475,22 +503,43 @@ class SQLiteStore:
         qid = getattr(queue, "store_qid", 0)
         if not qid or msg.body is None:
             if msg.body is None:  # a copy of a paged message: must not happen (see _pageable)
-                log.error("message %d for queue '%s' has no body in memory; not stored",
-                          msg.id, queue.name)
+                log.error(
+                    "message %d for queue '%s' has no body in memory; not stored",
+                    msg.id,
+                    queue.name,
+                )
             msg.stored = False
             return
         seq = self._seq
         self._seq = seq + 1
         page = None
         r = queue.ready
-        if (type(r) is PagedReady and len(r) > RESIDENT_MIN and queue.ready_bytes > RESIDENT_BYTES
-                and msg.expires_at is None):
+        if (
+            type(r) is PagedReady
+            and len(r) > RESIDENT_MIN
+            and queue.ready_bytes > RESIDENT_BYTES
+            and msg.expires_at is None
+        ):
             page = r
             self._pageout[id(msg)] = msg
         p = self._pending
-        p.append((_ADD, qid, msg.id, seq, msg.exchange, msg.routing_key, msg.properties,
-                  msg.body, msg.timestamp, self._wall(msg.arrival), msg.delivery_count,
-                  page, msg))
+        p.append(
+            (
+                _ADD,
+                qid,
+                msg.id,
+                seq,
+                msg.exchange,
+                msg.routing_key,
+                msg.properties,
+                msg.body,
+                msg.timestamp,
+                self._wall(msg.arrival),
+                msg.delivery_count,
+                page,
+                msg,
+            )
+        )
         if len(p) == 1 and self._loop is not None:
             self._loop.call_soon(self._handoff)
 
@@ -533,8 +582,19 @@ class SQLiteStore:
         """A persistent message is held by a durable x-delayed-message exchange."""
         if self._recovering:
             return
-        self._op((_DADD, msg.id, vhost, exchange.name, msg.routing_key, msg.properties,
-                  msg.body, msg.timestamp, self._now_wall() + delay))
+        self._op(
+            (
+                _DADD,
+                msg.id,
+                vhost,
+                exchange.name,
+                msg.routing_key,
+                msg.properties,
+                msg.body,
+                msg.timestamp,
+                self._now_wall() + delay,
+            )
+        )
 
     def remove_delayed(self, vhost: str, msg: Message) -> None:
         self._op((_DREMOVE, msg.id))
@@ -552,10 +612,12 @@ class SQLiteStore:
             return None
         reader = self._reader
         if reader is None:
-            reader = self._reader = sqlite3.connect(str(self.file), isolation_level=None,
-                                                    check_same_thread=False)
-        row = reader.execute("SELECT body FROM messages WHERE qid = ? AND mid = ?",
-                             (qid, msg.id)).fetchone()
+            reader = self._reader = sqlite3.connect(
+                str(self.file), isolation_level=None, check_same_thread=False
+            )
+        row = reader.execute(
+            "SELECT body FROM messages WHERE qid = ? AND mid = ?", (qid, msg.id)
+        ).fetchone()
         return row[0] if row is not None else None
 
     def load_bodies(self, ready: PagedReady, msgs: list[Message]) -> None:
@@ -590,45 +652,95 @@ class SQLiteStore:
         self._install_pager(queue)
         if self._recovering:
             return
-        self._sql(("INSERT OR REPLACE INTO queues VALUES (?, ?, ?, ?, ?, ?)",
-                   (qid, key[0], key[1], int(queue.auto_delete), _table(queue.arguments),
-                    queue.subscription_type)))
+        self._sql(
+            (
+                "INSERT OR REPLACE INTO queues VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    qid,
+                    key[0],
+                    key[1],
+                    int(queue.auto_delete),
+                    _table(queue.arguments),
+                    queue.subscription_type,
+                ),
+            )
+        )
 
     def delete_queue(self, vhost: str, name: str) -> None:
         qid = self._queues.pop((vhost, name), None)
         if qid is None:
             return
-        self._sql(("DELETE FROM messages WHERE qid = ?", (qid,)),
-                  ("DELETE FROM queues WHERE qid = ?", (qid,)),
-                  ("DELETE FROM bindings WHERE vhost = ? AND dest_kind = 'queue' AND dest = ?",
-                   (vhost, name)))
+        self._sql(
+            ("DELETE FROM messages WHERE qid = ?", (qid,)),
+            ("DELETE FROM queues WHERE qid = ?", (qid,)),
+            (
+                "DELETE FROM bindings WHERE vhost = ? AND dest_kind = 'queue' AND dest = ?",
+                (vhost, name),
+            ),
+        )
 
     def save_exchange(self, vhost: str, exchange: Exchange) -> None:
         if self._recovering:
             return
-        self._sql(("INSERT OR REPLACE INTO exchanges VALUES (?, ?, ?, ?, ?, ?)",
-                   (vhost, exchange.name, exchange.type, int(exchange.auto_delete),
-                    int(exchange.internal), _table(exchange.arguments))))
+        self._sql(
+            (
+                "INSERT OR REPLACE INTO exchanges VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    vhost,
+                    exchange.name,
+                    exchange.type,
+                    int(exchange.auto_delete),
+                    int(exchange.internal),
+                    _table(exchange.arguments),
+                ),
+            )
+        )
 
     def delete_exchange(self, vhost: str, name: str) -> None:
-        self._sql(("DELETE FROM exchanges WHERE vhost = ? AND name = ?", (vhost, name)),
-                  ("DELETE FROM bindings WHERE vhost = ? AND (source = ? OR "
-                   "(dest_kind = 'exchange' AND dest = ?))", (vhost, name, name)),
-                  ("DELETE FROM delayed WHERE vhost = ? AND exchange = ?", (vhost, name)))
+        self._sql(
+            ("DELETE FROM exchanges WHERE vhost = ? AND name = ?", (vhost, name)),
+            (
+                "DELETE FROM bindings WHERE vhost = ? AND (source = ? OR "
+                "(dest_kind = 'exchange' AND dest = ?))",
+                (vhost, name, name),
+            ),
+            ("DELETE FROM delayed WHERE vhost = ? AND exchange = ?", (vhost, name)),
+        )
 
-    def save_binding(self, vhost: str, source: str, dest_kind: str, dest: str, key: str,
-                     arguments: dict[str, Any]) -> None:
+    def save_binding(
+        self,
+        vhost: str,
+        source: str,
+        dest_kind: str,
+        dest: str,
+        key: str,
+        arguments: dict[str, Any],
+    ) -> None:
         if self._recovering:
             return
-        self._sql(("INSERT OR IGNORE INTO bindings VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   (vhost, source, dest_kind, dest, key, _args_key(arguments),
-                    _table(arguments))))
+        self._sql(
+            (
+                "INSERT OR IGNORE INTO bindings VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (vhost, source, dest_kind, dest, key, _args_key(arguments), _table(arguments)),
+            )
+        )
 
-    def delete_binding(self, vhost: str, source: str, dest_kind: str, dest: str, key: str,
-                       arguments: dict[str, Any]) -> None:
-        self._sql(("DELETE FROM bindings WHERE vhost = ? AND source = ? AND dest_kind = ? AND "
-                   "dest = ? AND routing_key = ? AND args_key = ?",
-                   (vhost, source, dest_kind, dest, key, _args_key(arguments))))
+    def delete_binding(
+        self,
+        vhost: str,
+        source: str,
+        dest_kind: str,
+        dest: str,
+        key: str,
+        arguments: dict[str, Any],
+    ) -> None:
+        self._sql(
+            (
+                "DELETE FROM bindings WHERE vhost = ? AND source = ? AND dest_kind = ? AND "
+                "dest = ? AND routing_key = ? AND args_key = ?",
+                (vhost, source, dest_kind, dest, key, _args_key(arguments)),
+            )
+        )
 
     # ------------------------------------------------------------------ writer thread
 
@@ -692,8 +804,9 @@ class SQLiteStore:
         except RuntimeError:  # the loop is closed (shutdown)
             pass
 
-    def _apply(self, ops: list[tuple[Any, ...]]
-               ) -> tuple[list[Any], list[Any], list[Any], list[threading.Event], list[int]]:
+    def _apply(
+        self, ops: list[tuple[Any, ...]]
+    ) -> tuple[list[Any], list[Any], list[Any], list[threading.Event], list[int]]:
         """One transaction for a batch; returns what the loop must hear about afterwards."""
         db = self._db
         adds: dict[tuple[int, int], tuple[Any, ...]] = {}
@@ -715,32 +828,53 @@ class SQLiteStore:
                 for key, op in adds.items():
                     cnt = counts.pop(key, op[10])
                     dl = 1 if delivered.pop(key, 0) is None else 0
-                    rows.append((op[3], op[1], op[2], op[4], op[5], op[6], op[7], op[8], op[9],
-                                 cnt, dl, holds.pop(key, None)))
+                    rows.append(
+                        (
+                            op[3],
+                            op[1],
+                            op[2],
+                            op[4],
+                            op[5],
+                            op[6],
+                            op[7],
+                            op[8],
+                            op[9],
+                            cnt,
+                            dl,
+                            holds.pop(key, None),
+                        )
+                    )
                     if op[11] is not None:
                         pageouts.append((op[11], op[12]))
                 _insert_rows(db, rows)
                 written[0] += len(rows)
                 adds.clear()
             if counts:
-                db.executemany("UPDATE messages SET delivery_count = ? WHERE qid = ? AND mid = ?",
-                               [(c, k[0], k[1]) for k, c in counts.items()])
+                db.executemany(
+                    "UPDATE messages SET delivery_count = ? WHERE qid = ? AND mid = ?",
+                    [(c, k[0], k[1]) for k, c in counts.items()],
+                )
                 counts.clear()
             if delivered:
-                _by_queue(db, "UPDATE messages SET delivered = 1 WHERE qid = ? AND mid IN ({})",
-                          delivered)
+                _by_queue(
+                    db, "UPDATE messages SET delivered = 1 WHERE qid = ? AND mid IN ({})", delivered
+                )
                 delivered.clear()
             if holds:
-                db.executemany("UPDATE messages SET due = ? WHERE qid = ? AND mid = ?",
-                               [(d, k[0], k[1]) for k, d in holds.items()])
+                db.executemany(
+                    "UPDATE messages SET due = ? WHERE qid = ? AND mid = ?",
+                    [(d, k[0], k[1]) for k, d in holds.items()],
+                )
                 holds.clear()
             if dels:
                 _by_queue(db, "DELETE FROM messages WHERE qid = ? AND mid IN ({})", dels)
                 written[1] += len(dels)
                 dels.clear()
             if dadds:
-                db.executemany("INSERT OR REPLACE INTO delayed VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                               [op[1:] for op in dadds.values()])
+                db.executemany(
+                    "INSERT OR REPLACE INTO delayed VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [op[1:] for op in dadds.values()],
+                )
                 dadds.clear()
             if ddels:
                 db.executemany("DELETE FROM delayed WHERE mid = ?", [(m,) for m in ddels])
@@ -792,16 +926,23 @@ class SQLiteStore:
         for _, qid, mids, ready, msgs in loads:
             found: dict[int, bytes] = {}
             for lo in range(0, len(mids), _CHUNK):
-                part = mids[lo:lo + _CHUNK]
-                found.update(db.execute(
-                    "SELECT mid, body FROM messages WHERE qid = ? AND mid IN "
-                    f"({','.join('?' * len(part))})", (qid, *part)))
+                part = mids[lo : lo + _CHUNK]
+                found.update(
+                    db.execute(
+                        "SELECT mid, body FROM messages WHERE qid = ? AND mid IN "
+                        f"({','.join('?' * len(part))})",
+                        (qid, *part),
+                    )
+                )
             results.append((ready, msgs, [found.get(mid) for mid in mids]))
         return callbacks, pageouts, results, syncs, written
 
-    def _committed(self, callbacks: list[Callable[[], None]],
-                   pageouts: list[tuple[PagedReady, Message]],
-                   loads: list[tuple[PagedReady, list[Message], list[bytes | None]]]) -> None:
+    def _committed(
+        self,
+        callbacks: list[Callable[[], None]],
+        pageouts: list[tuple[PagedReady, Message]],
+        loads: list[tuple[PagedReady, list[Message], list[bytes | None]]],
+    ) -> None:
         """On the loop, after a commit: drop paged-out bodies, deliver reads, run callbacks."""
         if pageouts:
             pending = self._pageout
@@ -852,10 +993,17 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             log.warning("%s: closing the store: %s", self.file, exc)
         os.close(self._lock_fd)
-        log.info("store %s closed (%d batches, %d operations written; %d message rows "
-                 "inserted, %d deleted; writer busy %.2f s, of which commits %.2f s)",
-                 self.file, self.batches, self.ops_written, self.rows_inserted,
-                 self.rows_deleted, self.t_apply + self.t_commit, self.t_commit)
+        log.info(
+            "store %s closed (%d batches, %d operations written; %d message rows "
+            "inserted, %d deleted; writer busy %.2f s, of which commits %.2f s)",
+            self.file,
+            self.batches,
+            self.ops_written,
+            self.rows_inserted,
+            self.rows_deleted,
+            self.t_apply + self.t_commit,
+            self.t_commit,
+        )
 
     # ------------------------------------------------------------------ recovery
 
@@ -878,54 +1026,76 @@ class SQLiteStore:
         try:
             max_mid = 0
             for vh_name, name, type_, auto_delete, internal, args in db.execute(
-                    "SELECT vhost, name, type, auto_delete, internal, arguments FROM exchanges"):
+                "SELECT vhost, name, type, auto_delete, internal, arguments FROM exchanges"
+            ):
                 vh = broker.vhosts.get(vh_name)
                 if vh is None:
-                    log.warning("store: exchange '%s' of unknown vhost '%s' kept on disk, not "
-                                "loaded", name, vh_name)
+                    log.warning(
+                        "store: exchange '%s' of unknown vhost '%s' kept on disk, not loaded",
+                        name,
+                        vh_name,
+                    )
                     continue
                 if name in vh.exchanges:
                     continue
                 try:
-                    vh.declare_exchange(name, type_, durable=True, auto_delete=bool(auto_delete),
-                                        internal=bool(internal), arguments=_untable(args))
+                    vh.declare_exchange(
+                        name,
+                        type_,
+                        durable=True,
+                        auto_delete=bool(auto_delete),
+                        internal=bool(internal),
+                        arguments=_untable(args),
+                    )
                     stats["exchanges"] += 1
                 except AMQPError as exc:
-                    log.warning("store: exchange '%s' in vhost '%s' not restored: %s", name,
-                                vh_name, exc)
+                    log.warning(
+                        "store: exchange '%s' in vhost '%s' not restored: %s", name, vh_name, exc
+                    )
 
             by_qid: dict[int, Queue] = {}
             for qid, vh_name, name, auto_delete, args, stype in db.execute(
-                    "SELECT qid, vhost, name, auto_delete, arguments, subscription FROM queues"):
+                "SELECT qid, vhost, name, auto_delete, arguments, subscription FROM queues"
+            ):
                 vh = broker.vhosts.get(vh_name)
                 if vh is None:
-                    log.warning("store: queue '%s' of unknown vhost '%s' kept on disk, not "
-                                "loaded", name, vh_name)
+                    log.warning(
+                        "store: queue '%s' of unknown vhost '%s' kept on disk, not loaded",
+                        name,
+                        vh_name,
+                    )
                     continue
                 q = vh.queues.get(name)
                 if q is None:
                     try:
-                        q, _ = vh.declare_queue(name, durable=True,
-                                                auto_delete=bool(auto_delete),
-                                                arguments=_untable(args),
-                                                subscription_type=stype or None)
+                        q, _ = vh.declare_queue(
+                            name,
+                            durable=True,
+                            auto_delete=bool(auto_delete),
+                            arguments=_untable(args),
+                            subscription_type=stype or None,
+                        )
                     except AMQPError as exc:
-                        log.warning("store: queue '%s' in vhost '%s' not restored: %s", name,
-                                    vh_name, exc)
+                        log.warning(
+                            "store: queue '%s' in vhost '%s' not restored: %s", name, vh_name, exc
+                        )
                         continue
                     stats["queues"] += 1
                 elif not q.durable:
-                    log.warning("store: queue '%s' in vhost '%s' is declared non-durable by the "
-                                "configuration; its stored messages are kept on disk, not loaded",
-                                name, vh_name)
+                    log.warning(
+                        "store: queue '%s' in vhost '%s' is declared non-durable by the "
+                        "configuration; its stored messages are kept on disk, not loaded",
+                        name,
+                        vh_name,
+                    )
                     continue
                 q.store_qid = qid  # type: ignore[attr-defined]
                 self._install_pager(q)
                 by_qid[qid] = q
 
             for vh_name, source, kind, dest, key, args in db.execute(
-                    "SELECT vhost, source, dest_kind, dest, routing_key, arguments "
-                    "FROM bindings"):
+                "SELECT vhost, source, dest_kind, dest, routing_key, arguments FROM bindings"
+            ):
                 vh = broker.vhosts.get(vh_name)
                 if vh is None:
                     continue
@@ -933,16 +1103,28 @@ class SQLiteStore:
                 dst = vh.queues.get(dest) if kind == "queue" else vh.exchanges.get(dest)
                 arguments = _untable(args)
                 if src is None or dst is None or not src.durable or not dst.durable:
-                    log.warning("store: binding %s -> %s '%s' (key %r) in vhost '%s' has a "
-                                "missing end; dropped", source, kind, dest, key, vh_name)
+                    log.warning(
+                        "store: binding %s -> %s '%s' (key %r) in vhost '%s' has a "
+                        "missing end; dropped",
+                        source,
+                        kind,
+                        dest,
+                        key,
+                        vh_name,
+                    )
                     self.delete_binding(vh_name, source, kind, dest, key, arguments)
                     continue
                 try:
                     vh.bind(src, dst, key, arguments)
                     stats["bindings"] += 1
                 except AMQPError as exc:
-                    log.warning("store: binding %s -> %s in vhost '%s' not restored: %s",
-                                source, dest, vh_name, exc)
+                    log.warning(
+                        "store: binding %s -> %s in vhost '%s' not restored: %s",
+                        source,
+                        dest,
+                        vh_name,
+                        exc,
+                    )
 
             pageable = {qid for qid, q in by_qid.items() if type(q.ready) is PagedReady}
             per_queue: dict[int, tuple[list[Message], list[tuple[Message, float]]]] = {}
@@ -952,8 +1134,9 @@ class SQLiteStore:
                 "SELECT qid, mid, exchange, routing_key, properties, "
                 f"CASE WHEN qid IN ({','.join(str(q) for q in pageable) or '0'}) THEN NULL "
                 "ELSE body END, length(body), timestamp, arrival, delivery_count, delivered, due "
-                "FROM messages ORDER BY seq")
-            for (qid, mid, ex, rk, props, body, size, ts, arrival, count, dlv, due) in cur:
+                "FROM messages ORDER BY seq"
+            )
+            for qid, mid, ex, rk, props, body, size, ts, arrival, count, dlv, due in cur:
                 if mid > max_mid:
                     max_mid = mid
                 q = by_qid.get(qid)
@@ -962,19 +1145,25 @@ class SQLiteStore:
                         orphans.add(qid)
                     continue
                 try:
-                    m = Message.from_publish(mid, ex, rk, props, body, size,
-                                             now_m - max(0.0, now_w - arrival), ts)
+                    m = Message.from_publish(
+                        mid, ex, rk, props, body, size, now_m - max(0.0, now_w - arrival), ts
+                    )
                 except Exception as exc:
-                    log.error("store: message %d of queue '%s' is unreadable (%s); dropped",
-                              mid, q.name, exc)
+                    log.error(
+                        "store: message %d of queue '%s' is unreadable (%s); dropped",
+                        mid,
+                        q.name,
+                        exc,
+                    )
                     self._op((_REMOVE, qid, mid))
                     stats["dropped"] += 1
                     continue
                 if body is None and m.expiration is not None and q.dlx is not None:
                     # it may expire into a dead-letter exchange from the ready list: keep its
                     # body in memory (what _pageable ensures for messages added live)
-                    m.body = db.execute("SELECT body FROM messages WHERE qid = ? AND mid = ?",
-                                        (qid, mid)).fetchone()[0]
+                    m.body = db.execute(
+                        "SELECT body FROM messages WHERE qid = ? AND mid = ?", (qid, mid)
+                    ).fetchone()[0]
                 m.delivery_count = count
                 m.redelivered = bool(dlv or count)
                 m.stored = True
@@ -985,8 +1174,9 @@ class SQLiteStore:
                     # a retry queue's hold: the rest of its delay, or at once if it passed;
                     # it is forwarded whole, so its body comes back into memory now
                     if m.body is None:
-                        m.body = db.execute("SELECT body FROM messages WHERE qid = ? AND "
-                                            "mid = ?", (qid, mid)).fetchone()[0]
+                        m.body = db.execute(
+                            "SELECT body FROM messages WHERE qid = ? AND mid = ?", (qid, mid)
+                        ).fetchone()[0]
                     by_qid[qid].restore_retry_hold(m, due - now_w)
                     stats["messages"] += 1
                     continue
@@ -1016,16 +1206,22 @@ class SQLiteStore:
                     self._load_resident(q, r)
 
             for mid, vh_name, ex_name, rk, props, body, ts, due in db.execute(
-                    "SELECT mid, vhost, exchange, routing_key, properties, body, timestamp, due "
-                    "FROM delayed ORDER BY due"):
+                "SELECT mid, vhost, exchange, routing_key, properties, body, timestamp, due "
+                "FROM delayed ORDER BY due"
+            ):
                 if mid > max_mid:
                     max_mid = mid
                 vh = broker.vhosts.get(vh_name)
                 ex = vh.exchanges.get(ex_name) if vh is not None else None
                 if not isinstance(ex, DelayedExchange):
                     if vh is not None:
-                        log.warning("store: delayed message %d for missing exchange '%s' in "
-                                    "vhost '%s' dropped", mid, ex_name, vh_name)
+                        log.warning(
+                            "store: delayed message %d for missing exchange '%s' in "
+                            "vhost '%s' dropped",
+                            mid,
+                            ex_name,
+                            vh_name,
+                        )
                         self._op((_DREMOVE, mid))
                     continue
                 m = Message.from_publish(mid, ex_name, rk, props, body, len(body), now_m, ts)
@@ -1035,14 +1231,24 @@ class SQLiteStore:
             if max_mid:
                 vhost_mod.advance_message_ids(max_mid)
         except sqlite3.Error as exc:
-            raise StoreError(f"the store is corrupt or unreadable ({exc}); refusing to start — "
-                             "restore a backup or move it aside", file=self.file) from None
+            raise StoreError(
+                f"the store is corrupt or unreadable ({exc}); refusing to start — "
+                "restore a backup or move it aside",
+                file=self.file,
+            ) from None
         finally:
             self._recovering = False
-        log.info("store %s recovered in %.2f s: %d exchanges, %d queues, %d bindings, "
-                 "%d messages, %d delayed", self.file, time.monotonic() - t0,
-                 stats["exchanges"], stats["queues"], stats["bindings"], stats["messages"],
-                 stats["delayed"])
+        log.info(
+            "store %s recovered in %.2f s: %d exchanges, %d queues, %d bindings, "
+            "%d messages, %d delayed",
+            self.file,
+            time.monotonic() - t0,
+            stats["exchanges"],
+            stats["queues"],
+            stats["bindings"],
+            stats["messages"],
+            stats["delayed"],
+        )
         return stats
 
     def _enqueue(self, q: Queue, m: Message) -> bool:
@@ -1065,8 +1271,9 @@ class SQLiteStore:
             n += 1
             nbytes += m.body_size
             if m.body is None:
-                row = cur.execute("SELECT body FROM messages WHERE qid = ? AND mid = ?",
-                                  (qid, m.id)).fetchone()
+                row = cur.execute(
+                    "SELECT body FROM messages WHERE qid = ? AND mid = ?", (qid, m.id)
+                ).fetchone()
                 m.body = row[0] if row is not None else b""
         paged = 0
         for m in islice(r, n, None):
@@ -1075,4 +1282,4 @@ class SQLiteStore:
         r.paged = paged
 
 
-__all__ = ["DB_NAME", "PagedReady", "SCHEMA_VERSION", "SQLiteStore", "StoreError"]
+__all__ = ["DB_NAME", "SCHEMA_VERSION", "PagedReady", "SQLiteStore", "StoreError"]

@@ -14,8 +14,12 @@ PREFETCH = 10  # the window they shrink to
 def reduce_prefetch(trigger: Trigger) -> list[Action]:
     """Named policy: a SetPrefetch for each consumer of the queue whose window is wider."""
     return [
-        SetPrefetch(**trigger.action_fields(), consumer_tag=c.tag,
-                    connection_id=c.connection_id, prefetch=PREFETCH)
+        SetPrefetch(
+            **trigger.action_fields(),
+            consumer_tag=c.tag,
+            connection_id=c.connection_id,
+            prefetch=PREFETCH,
+        )
         for c in trigger.queue.consumers
         if not c.no_ack and (c.prefetch == 0 or c.prefetch > PREFETCH)
     ]  # prefetch 0 means "unlimited" in AMQP, so it is wider than any window

@@ -52,18 +52,21 @@ def spark() -> Iterator[Any]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("plugbroker-tests")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.sql.session.timeZone", "UTC")
-               # tiny data: compiling generated code costs more than it saves
-               .config("spark.sql.codegen.wholeStage", "false")
-               .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
-               .getOrCreate())
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("plugbroker-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        # tiny data: compiling generated code costs more than it saves
+        .config("spark.sql.codegen.wholeStage", "false")
+        .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -95,8 +98,9 @@ class Recording:
 
 
 def _connect(b: BrokerThread) -> amqp.Connection:
-    conn = amqp.Connection(host=f"127.0.0.1:{b.port}", userid="guest", password="guest",
-                           connect_timeout=5)
+    conn = amqp.Connection(
+        host=f"127.0.0.1:{b.port}", userid="guest", password="guest", connect_timeout=5
+    )
     conn.connect()
     return conn
 
@@ -123,20 +127,27 @@ def record_run(directory: Path) -> Recording:
       20 messages in one transaction and is disconnected with 506; a subscriber to
       ``stocks.us.aapl`` keeps up and is left alone.
     """
-    path = write_config(directory, RUNNING_CONFIG, journal=True, period="600000",
-                        name="running.xml")
+    path = write_config(
+        directory, RUNNING_CONFIG, journal=True, period="600000", name="running.xml"
+    )
     b = BrokerThread(path).start()
     rec = Recording(journal=directory / "journal", config=path, work_published=0)
     try:
         with kombu.Connection(b.url()) as kc:
             jobs = kombu.Exchange("jobs", "direct", durable=False)
-            work = kombu.Queue("work", jobs, routing_key="work", durable=False,
-                               queue_arguments={"x-dead-letter-exchange": "",
-                                                "x-dead-letter-routing-key": "work-DLQ"})
+            work = kombu.Queue(
+                "work",
+                jobs,
+                routing_key="work",
+                durable=False,
+                queue_arguments={
+                    "x-dead-letter-exchange": "",
+                    "x-dead-letter-routing-key": "work-DLQ",
+                },
+            )
             dlq = kombu.Queue("work-DLQ", durable=False)
             producer = kc.Producer()
-            producer.publish(b"warm-up", exchange=jobs, routing_key="work",
-                             declare=[work, dlq])
+            producer.publish(b"warm-up", exchange=jobs, routing_key="work", declare=[work, dlq])
             good_conn, stalled_conn = _connect(b), _connect(b)
             acked: list[int] = []
             poison: list[int] = []
@@ -158,15 +169,17 @@ def record_run(directory: Path) -> Recording:
             rec.good_tag = g.basic_consume("work", consumer_tag="good", callback=good)
             s = stalled_conn.channel()
             s.basic_qos(0, 3, False)
-            rec.stalled_tag = s.basic_consume("work", consumer_tag="stalled",
-                                              callback=held.append)
+            rec.stalled_tag = s.basic_consume("work", consumer_tag="stalled", callback=held.append)
             _drain([good_conn, stalled_conn], lambda: len(acked) + len(held) >= 1)
             for i in range(40):
-                producer.publish(b"poison" if i == 17 else f"job {i}".encode(), exchange=jobs,
-                                 routing_key="work")
+                producer.publish(
+                    b"poison" if i == 17 else f"job {i}".encode(), exchange=jobs, routing_key="work"
+                )
             rec.work_published = 41
-            _drain([good_conn, stalled_conn],
-                   lambda: len(held) == 3 and len(acked) == 41 - 1 - 3 and len(poison) == 3)
+            _drain(
+                [good_conn, stalled_conn],
+                lambda: len(held) == 3 and len(acked) == 41 - 1 - 3 and len(poison) == 3,
+            )
             time.sleep(1.3)  # the stalled consumer is now past its 1 s ack timeout
             assert b.running.housekeeping.run_job("isolation")
             _drain([good_conn, stalled_conn], lambda: len(acked) == 41 - 1)
@@ -184,8 +197,9 @@ def record_run(directory: Path) -> Recording:
             rec.fast_queue = f.queue_declare("", exclusive=True)[0]
             f.queue_bind(rec.fast_queue, "amq.topic", "stocks.us.aapl")
             fast: list[Any] = []
-            f.basic_consume(rec.fast_queue, callback=lambda m: (
-                fast.append(1), f.basic_ack(m.delivery_tag)))
+            f.basic_consume(
+                rec.fast_queue, callback=lambda m: (fast.append(1), f.basic_ack(m.delivery_tag))
+            )
             pub = kc.channel()
             pub.tx_select()
             for i in range(20):
@@ -217,8 +231,9 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
 
 
 @pytest.fixture(scope="session")
-def report_result(spark: Any, recording: Recording, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Any:
+def report_result(
+    spark: Any, recording: Recording, tmp_path_factory: pytest.TempPathFactory
+) -> Any:
     from broker.analyze import report
 
     return report(recording.journal, tmp_path_factory.mktemp("report"), spark=spark, quiet=True)

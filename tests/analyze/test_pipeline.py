@@ -39,8 +39,7 @@ def test_report_per_queue_figures(report_result, recording):
 
 
 def test_report_per_consumer_figures(report_result, recording):
-    consumers = {(c["queue"], c["consumer_tag"]): c for c in table(report_result.out,
-                                                                    "consumers")}
+    consumers = {(c["queue"], c["consumer_tag"]): c for c in table(report_result.out, "consumers")}
     stalled = consumers[("work", "stalled")]
     assert stalled["delivered"] == 3 and stalled["acked"] == 0 and stalled["isolated"] == 1
     good = consumers[("work", "good")]
@@ -53,7 +52,8 @@ def test_report_dead_letters_redeliveries_and_actions(report_result, recording):
     out = report_result.out
     dead = table(out, "dead_letters")
     assert {(d["queue"], d["outcome"], d["reason"], d["count"]) for d in dead} >= {
-        ("work", "dead_lettered", "rejected", 1)}
+        ("work", "dead_lettered", "rejected", 1)
+    }
     redel = {(r["queue"], r["reason"]): r["count"] for r in table(out, "redeliveries")}
     assert redel[("work", "rejected")] == 2
     assert redel[("work", "consumer-isolated")] == 3
@@ -81,7 +81,8 @@ def test_report_html_page_is_self_contained(report_result, recording):
     assert page.count("<svg") >= 4
     assert "work" in page and "stalled" in page and "IsolateConsumer" in page
     assert "<script" not in page and "http://" not in page.replace(
-        'xmlns="http://www.w3.org/2000/svg"', "")
+        'xmlns="http://www.w3.org/2000/svg"', ""
+    )
     assert report_result.overview["events"] > 100
 
 
@@ -118,8 +119,9 @@ def test_backtest_of_a_stricter_candidate_lists_more(spark, recording, tmp_path)
       <topic key="stocks.#"><consumer><messageCount>3</messageCount><policy name="Delete"/>
       </consumer></topic>
     </virtualhost></broker>""")
-    result = backtest(recording.journal, candidate, spark=spark, every=0.25, quiet=True,
-                      out=tmp_path / "out")
+    result = backtest(
+        recording.journal, candidate, spark=spark, every=0.25, quiet=True, out=tmp_path / "out"
+    )
     queues = {(a["queue"], a["action"]) for a in result.actions}
     assert (recording.slow_queue, "DeleteQueue") in queues
     assert ("work", "LogOnly") in queues  # the stalled consumer's 3 held messages
@@ -136,9 +138,11 @@ def test_backtest_refuses_a_bad_candidate_with_file_and_line(spark, recording, t
     from broker.config import ConfigError
 
     bad = tmp_path / "bad.xml"
-    bad.write_text('<broker><virtualhost name="/">\n<queue name="w"><consumer>'
-                   '<messageAge>soon</messageAge><policy name="Log"/></consumer></queue>'
-                   '</virtualhost></broker>')
+    bad.write_text(
+        '<broker><virtualhost name="/">\n<queue name="w"><consumer>'
+        '<messageAge>soon</messageAge><policy name="Log"/></consumer></queue>'
+        "</virtualhost></broker>"
+    )
     with pytest.raises(ConfigError) as err:
         backtest(recording.journal, bad, spark=spark, quiet=True)
     assert "bad.xml:2" in str(err.value)

@@ -19,8 +19,7 @@ RUN = "20260101T000000-test"
 T0 = 1_767_225_600.0
 
 
-def ev(event: str, t: float, queue: str | None = "q", run: str = RUN, **kw: Any
-       ) -> tuple[Any, ...]:
+def ev(event: str, t: float, queue: str | None = "q", run: str = RUN, **kw: Any) -> tuple[Any, ...]:
     ev.seq += 1  # type: ignore[attr-defined]
     row = dict.fromkeys(COLUMNS)
     row.update(run=run, seq=ev.seq, ts=T0 + t, event=event, vhost="/", queue=queue)  # type: ignore[attr-defined]
@@ -31,31 +30,58 @@ def ev(event: str, t: float, queue: str | None = "q", run: str = RUN, **kw: Any
 ev.seq = 0  # type: ignore[attr-defined]
 
 
-def replayer(xml: str, every: float = 1.0, runs: list[tuple[str, float, float]] | None = None
-             ) -> Replayer:
-    config, plugins = load_candidate(f"<broker><virtualhost name='/'>{xml}</virtualhost>"
-                                     "</broker>")
-    return Replayer(config, policy_checks(config, plugins, every),
-                    runs or [(RUN, T0, T0 + 100.0)], T0)
+def replayer(
+    xml: str, every: float = 1.0, runs: list[tuple[str, float, float]] | None = None
+) -> Replayer:
+    config, plugins = load_candidate(f"<broker><virtualhost name='/'>{xml}</virtualhost></broker>")
+    return Replayer(
+        config, policy_checks(config, plugins, every), runs or [(RUN, T0, T0 + 100.0)], T0
+    )
 
 
 def topic_queue(t: float = 0.0, name: str = "q") -> list[tuple[Any, ...]]:
-    return [ev("queue_declared", t, name, durable=False, exclusive=True, auto_delete=True,
-               detail="shared"),
-            ev("queue_bound", t, name, exchange="amq.topic", routing_key="stocks.us.ibm",
-               detail="topic"),
-            ev("consumer_added", t, name, consumer_tag="c1", connection_id="conn#1",
-               channel_id=1, count=1, no_ack=False)]
+    return [
+        ev(
+            "queue_declared",
+            t,
+            name,
+            durable=False,
+            exclusive=True,
+            auto_delete=True,
+            detail="shared",
+        ),
+        ev(
+            "queue_bound",
+            t,
+            name,
+            exchange="amq.topic",
+            routing_key="stocks.us.ibm",
+            detail="topic",
+        ),
+        ev(
+            "consumer_added",
+            t,
+            name,
+            consumer_tag="c1",
+            connection_id="conn#1",
+            channel_id=1,
+            count=1,
+            no_ack=False,
+        ),
+    ]
 
 
-def publish(t: float, mid: int, queue: str = "q", size: int = 10, run: str = RUN
-            ) -> tuple[Any, ...]:
+def publish(
+    t: float, mid: int, queue: str = "q", size: int = 10, run: str = RUN
+) -> tuple[Any, ...]:
     return ev("published", t, queue, run=run, message_id=mid, body_size=size)
 
 
 def test_slow_consumer_delete_fires_once_at_the_first_check_over_the_threshold():
-    r = replayer('<topic key="stocks.us.*"><consumer><messageCount>5</messageCount>'
-                 '<policy name="Delete"/></consumer></topic>')
+    r = replayer(
+        '<topic key="stocks.us.*"><consumer><messageCount>5</messageCount>'
+        '<policy name="Delete"/></consumer></topic>'
+    )
     r.feed_all(topic_queue())
     r.feed_all(publish(2.55 + i * 0.1, i) for i in range(8))  # the 6th lands at t=3.05
     actions = r.finish(T0 + 20)
@@ -63,26 +89,62 @@ def test_slow_consumer_delete_fires_once_at_the_first_check_over_the_threshold()
     first = actions[0]
     assert first["at"] == T0 + 4.0  # checks at t=1, 2, 3, 4...; at t=3 the count is 5
     assert (first["threshold"], first["configured"], first["measured"]) == (
-        "messageCount", 5.0, 8.0)
+        "messageCount",
+        5.0,
+        8.0,
+    )
     assert first["outcome"] == "applied"
 
 
 def test_snapshot_figures_follow_the_messages():
     r = replayer("")
     r.feed_all(topic_queue())
-    r.feed_all([publish(1, 1, size=100), publish(2, 2, size=50), publish(3, 3, size=7),
-                ev("delivered", 4, consumer_tag="c1", connection_id="conn#1", channel_id=1,
-                   message_id=1, delivery_tag=1, no_ack=False),
-                ev("delivered", 5, consumer_tag="c1", connection_id="conn#1", channel_id=1,
-                   message_id=2, delivery_tag=2, no_ack=False),
-                ev("acked", 6, consumer_tag="c1", connection_id="conn#1", channel_id=1,
-                   message_id=1),
-                ev("rejected", 7, consumer_tag="c1", connection_id="conn#1", channel_id=1,
-                   message_id=2, requeue=True),
-                ev("redelivered", 7, message_id=2, reason="rejected")])
+    r.feed_all(
+        [
+            publish(1, 1, size=100),
+            publish(2, 2, size=50),
+            publish(3, 3, size=7),
+            ev(
+                "delivered",
+                4,
+                consumer_tag="c1",
+                connection_id="conn#1",
+                channel_id=1,
+                message_id=1,
+                delivery_tag=1,
+                no_ack=False,
+            ),
+            ev(
+                "delivered",
+                5,
+                consumer_tag="c1",
+                connection_id="conn#1",
+                channel_id=1,
+                message_id=2,
+                delivery_tag=2,
+                no_ack=False,
+            ),
+            ev("acked", 6, consumer_tag="c1", connection_id="conn#1", channel_id=1, message_id=1),
+            ev(
+                "rejected",
+                7,
+                consumer_tag="c1",
+                connection_id="conn#1",
+                channel_id=1,
+                message_id=2,
+                requeue=True,
+            ),
+            ev("redelivered", 7, message_id=2, reason="rejected"),
+        ]
+    )
     [q] = r.snapshot(None, T0 + 10).queues
     assert (q.message_count, q.message_bytes, q.ready_count, q.unacked_count, q.acks_total) == (
-        2, 57, 2, 0, 1)
+        2,
+        57,
+        2,
+        0,
+        1,
+    )
     assert q.oldest_arrival == T0 + 2 and q.age(T0 + 10) == 8
     [c] = q.consumers
     assert (c.tag, c.unacked, c.last_ack, c.first_delivery) == ("c1", 0, T0 + 7, T0 + 4)
@@ -93,9 +155,20 @@ def test_snapshot_figures_follow_the_messages():
 def test_no_ack_delivery_settles_and_a_deleted_queue_is_forgotten():
     r = replayer("")
     r.feed_all(topic_queue())
-    r.feed_all([publish(1, 1),
-                ev("delivered", 2, consumer_tag="c1", connection_id="conn#1", channel_id=1,
-                   message_id=1, no_ack=True)])
+    r.feed_all(
+        [
+            publish(1, 1),
+            ev(
+                "delivered",
+                2,
+                consumer_tag="c1",
+                connection_id="conn#1",
+                channel_id=1,
+                message_id=1,
+                no_ack=True,
+            ),
+        ]
+    )
     [q] = r.snapshot(None, T0 + 3).queues
     assert q.message_count == 0 and q.acks_total == 1
     r.feed(ev("queue_deleted", 4, reason="client"))
@@ -103,26 +176,57 @@ def test_no_ack_delivery_settles_and_a_deleted_queue_is_forgotten():
 
 
 def test_isolation_of_a_consumer_that_stops_acking():
-    r = replayer('<queue name="work"><isolation><ackTimeout>5s</ackTimeout></isolation>'
-                 '</queue>', every=1.0)
+    r = replayer(
+        '<queue name="work"><isolation><ackTimeout>5s</ackTimeout></isolation></queue>', every=1.0
+    )
     r.feed(ev("queue_declared", 0, "work", detail="shared"))
     for tag in ("fast", "stuck"):
-        r.feed(ev("consumer_added", 0, "work", consumer_tag=tag, connection_id=f"{tag}#1",
-                  channel_id=1, count=10))
+        r.feed(
+            ev(
+                "consumer_added",
+                0,
+                "work",
+                consumer_tag=tag,
+                connection_id=f"{tag}#1",
+                channel_id=1,
+                count=10,
+            )
+        )
     mid = 0
     for t in range(1, 15):
         for tag in ("fast", "stuck"):
             mid += 1
             r.feed(publish(t, mid, "work"))
-            r.feed(ev("delivered", t + 0.01, "work", consumer_tag=tag,
-                      connection_id=f"{tag}#1", channel_id=1, message_id=mid))
+            r.feed(
+                ev(
+                    "delivered",
+                    t + 0.01,
+                    "work",
+                    consumer_tag=tag,
+                    connection_id=f"{tag}#1",
+                    channel_id=1,
+                    message_id=mid,
+                )
+            )
             if tag == "fast":
-                r.feed(ev("acked", t + 0.02, "work", consumer_tag=tag,
-                          connection_id=f"{tag}#1", channel_id=1, message_id=mid))
+                r.feed(
+                    ev(
+                        "acked",
+                        t + 0.02,
+                        "work",
+                        consumer_tag=tag,
+                        connection_id=f"{tag}#1",
+                        channel_id=1,
+                        message_id=mid,
+                    )
+                )
     actions = r.finish(T0 + 15)
     [iso] = [a for a in actions if a["action"] == "IsolateConsumer"]
-    assert (iso["consumer_tag"], iso["threshold"], iso["configured"]) == ("stuck", "ackTimeout",
-                                                                          5.0)
+    assert (iso["consumer_tag"], iso["threshold"], iso["configured"]) == (
+        "stuck",
+        "ackTimeout",
+        5.0,
+    )
     # its clock started at its first delivery (t=1.01); the first check past 5 s is t=7
     assert iso["at"] == T0 + 7 and iso["measured"] == pytest.approx(5.99, abs=0.01)
     assert iso["outcome"] == "applied"
@@ -130,8 +234,10 @@ def test_isolation_of_a_consumer_that_stops_acking():
 
 
 def test_log_streaks_collapse_into_one_row():
-    r = replayer('<queue name="q"><consumer><messageCount>2</messageCount>'
-                 '<policy name="Log"/></consumer></queue>')
+    r = replayer(
+        '<queue name="q"><consumer><messageCount>2</messageCount>'
+        '<policy name="Log"/></consumer></queue>'
+    )
     r.feed(ev("queue_declared", 0, detail="shared"))
     r.feed_all(publish(0.5 + i * 0.01, i) for i in range(3))
     r.feed(ev("queue_deleted", 6.5, reason="client"))
@@ -142,8 +248,11 @@ def test_log_streaks_collapse_into_one_row():
 
 def test_a_broker_restart_forgets_what_the_old_run_held():
     runs = [("run-a", T0, T0 + 10), ("run-b", T0 + 20, T0 + 40)]
-    r = replayer('<queue name="q"><consumer><messageCount>2</messageCount>'
-                 '<policy name="Log"/></consumer></queue>', runs=runs)
+    r = replayer(
+        '<queue name="q"><consumer><messageCount>2</messageCount>'
+        '<policy name="Log"/></consumer></queue>',
+        runs=runs,
+    )
     r.feed(ev("queue_declared", 0, run="run-a", detail="shared"))
     r.feed_all(publish(1 + i * 0.01, i, run="run-a") for i in range(3))
     r.feed(ev("consumer_added", 25, "other", run="run-b", consumer_tag="x", connection_id="x"))
@@ -162,7 +271,9 @@ def test_policy_checks_use_the_configured_periods():
     periods = {c.name: c.period for c in policy_checks(config, plugins)}
     assert periods == {"slow-consumer": 7.0, "isolation": 3.0}
     assert {c.name: c.period for c in policy_checks(config, plugins, 0.5)} == {
-        "slow-consumer": 0.5, "isolation": 0.5}
+        "slow-consumer": 0.5,
+        "isolation": 0.5,
+    }
 
 
 @pytest.mark.e2e
@@ -171,9 +282,12 @@ def test_the_replay_rebuilds_the_live_broker_snapshot(broker_factory, tmp_path):
     moment: every figure the policies read must match."""
     from plugins.journal import journal_of, read_journal
 
-    b = broker_factory('<topic key="t.#"><consumer><messageCount>1000</messageCount>'
-                       '<policy name="Log"/></consumer></topic>', journal=True,
-                       period="600000")
+    b = broker_factory(
+        '<topic key="t.#"><consumer><messageCount>1000</messageCount>'
+        '<policy name="Log"/></consumer></topic>',
+        journal=True,
+        period="600000",
+    )
     conn = amqp.Connection(host=f"127.0.0.1:{b.port}", userid="guest", password="guest")
     conn.connect()
     try:
@@ -205,8 +319,7 @@ def test_the_replay_rebuilds_the_live_broker_snapshot(broker_factory, tmp_path):
                 pass
 
         def take() -> tuple[Any, float, int]:
-            return (b.broker.snapshot(), b.broker.clock.time(),
-                    journal_of(b.broker).position())
+            return (b.broker.snapshot(), b.broker.clock.time(), journal_of(b.broker).position())
 
         live, wall, upto = b.call(take)
     finally:
@@ -227,8 +340,17 @@ def test_the_replay_rebuilds_the_live_broker_snapshot(broker_factory, tmp_path):
             continue
         checked += 1
         rq = replayed[q.name]
-        for field in ("message_count", "message_bytes", "ready_count", "unacked_count",
-                      "acks_total", "durable", "auto_delete", "exclusive", "subscription_type"):
+        for field in (
+            "message_count",
+            "message_bytes",
+            "ready_count",
+            "unacked_count",
+            "acks_total",
+            "durable",
+            "auto_delete",
+            "exclusive",
+            "subscription_type",
+        ):
             assert getattr(rq, field) == getattr(q, field), (q.name, field)
         assert set(rq.bindings) == set(q.bindings), q.name
         assert set(rq.getters) == set(q.getters), q.name
@@ -238,8 +360,7 @@ def test_the_replay_rebuilds_the_live_broker_snapshot(broker_factory, tmp_path):
         live_c = {c.tag: c for c in q.consumers}
         for c in rq.consumers:
             lc = live_c.pop(c.tag)
-            assert (c.unacked, c.channel_id, c.isolated) == (lc.unacked, lc.channel_id,
-                                                              lc.isolated)
+            assert (c.unacked, c.channel_id, c.isolated) == (lc.unacked, lc.channel_id, lc.isolated)
             for t_attr in ("last_ack", "first_delivery"):
                 lv, rv = getattr(lc, t_attr), getattr(c, t_attr)
                 assert (lv is None) == (rv is None), (c.tag, t_attr)

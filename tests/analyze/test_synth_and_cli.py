@@ -34,8 +34,18 @@ def test_the_generator_writes_the_journal_schema_and_layout(synthetic):
     seqs = table.column("seq").to_pylist()
     assert seqs == sorted(seqs)
     kinds = set(table.column("event").to_pylist())
-    assert {"published", "delivered", "acked", "rejected", "redelivered", "dead_lettered",
-            "expired", "dropped", "consumer_isolated", "policy_action"} <= kinds
+    assert {
+        "published",
+        "delivered",
+        "acked",
+        "rejected",
+        "redelivered",
+        "dead_lettered",
+        "expired",
+        "dropped",
+        "consumer_isolated",
+        "policy_action",
+    } <= kinds
 
 
 CANDIDATE = """<broker><housekeeping><period>5s</period></housekeeping>
@@ -52,9 +62,11 @@ def test_backtest_finds_the_synthetic_stall_and_slow_subscriber(spark, synthetic
     cand.write_text(CANDIDATE)
     result = backtest(synthetic, cand, spark=spark, quiet=True)
     got = {(a["queue"], a["action"], a["consumer_tag"]) for a in result.actions}
-    assert got == {("work-0", "IsolateConsumer", "ctag-stalled"),
-                   ("amq.gen-slowsubscriber", "CloseConsumerChannels", None),
-                   ("amq.gen-slowsubscriber", "DeleteQueue", None)}
+    assert got == {
+        ("work-0", "IsolateConsumer", "ctag-stalled"),
+        ("amq.gen-slowsubscriber", "CloseConsumerChannels", None),
+        ("amq.gen-slowsubscriber", "DeleteQueue", None),
+    }
     real = {a["action"]: a for a in result.actual}
     for a in result.actions:
         assert a["at"] <= real[a["action"]]["ts"]
@@ -63,15 +75,44 @@ def test_backtest_finds_the_synthetic_stall_and_slow_subscriber(spark, synthetic
 
 def test_cli_report_backtest_and_recommend(spark, synthetic, tmp_path, capsys):
     out = tmp_path / "report"
-    assert main(["analyze", "report", "--journal", str(synthetic), "--out", str(out),
-                 "--top", "3", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "report",
+                "--journal",
+                str(synthetic),
+                "--out",
+                str(out),
+                "--top",
+                "3",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert (out / "report.html").exists() and (out / "csv" / "consumers.csv").exists()
     assert capsys.readouterr().out.strip().endswith("report.html")
 
     cand = tmp_path / "candidate.xml"
     cand.write_text(CANDIDATE)
-    assert main(["analyze", "backtest", "--journal", str(synthetic), "--config", str(cand),
-                 "--every", "5s", "--quiet", "--fail-on-action"]) == 3
+    assert (
+        main(
+            [
+                "analyze",
+                "backtest",
+                "--journal",
+                str(synthetic),
+                "--config",
+                str(cand),
+                "--every",
+                "5s",
+                "--quiet",
+                "--fail-on-action",
+            ]
+        )
+        == 3
+    )
     text = capsys.readouterr().out
     assert "IsolateConsumer" in text and "ctag-stalled" in text
     assert re.search(r"ackTimeout measured \d+(\.\d+)? > configured 60", text)
@@ -89,8 +130,20 @@ def test_cli_says_what_is_wrong_with_the_journal(spark, tmp_path, capsys):
     assert main(["analyze", "recommend", "--journal", str(empty), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "no closed journal files" in err and "still being written" in err
-    assert main(["analyze", "report", "--journal", str(tmp_path / "missing"), "--out",
-                 str(tmp_path / "o"), "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "analyze",
+                "report",
+                "--journal",
+                str(tmp_path / "missing"),
+                "--out",
+                str(tmp_path / "o"),
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     assert "no such journal directory" in capsys.readouterr().err
 
 
@@ -105,8 +158,9 @@ def test_the_analyze_help_names_the_three_commands(capsys):
 
 
 def test_plots_are_svg_with_axes_and_legend():
-    svg = line_chart("throughput", [0.0, 1.0, 2.0], [("published", [1.0, 5.0, 2.0]),
-                                                    ("acked", [0.0, 4.0, 3.0])])
+    svg = line_chart(
+        "throughput", [0.0, 1.0, 2.0], [("published", [1.0, 5.0, 2.0]), ("acked", [0.0, 4.0, 3.0])]
+    )
     assert svg.startswith("<svg") and svg.endswith("</svg>")
     assert svg.count("<polyline") == 2 and "published" in svg and "acked" in svg
     bars = bar_chart("hist", ["a", "b"], [3.0, 0.0])
@@ -114,8 +168,10 @@ def test_plots_are_svg_with_axes_and_legend():
     assert "no data" in line_chart("empty", [], [("x", [])])
 
 
-@pytest.mark.parametrize("v,text", [(0, "0"), (0.0004, "400µs"), (0.012, "12ms"),
-                                    (3.4, "3.4s"), (312, "5m12s"), (7500, "2h05m")])
+@pytest.mark.parametrize(
+    "v,text",
+    [(0, "0"), (0.0004, "400µs"), (0.012, "12ms"), (3.4, "3.4s"), (312, "5m12s"), (7500, "2h05m")],
+)
 def test_durations_read_like_a_person_writes_them(v: Any, text: str):
     assert fmt_dur(v) == text
 

@@ -12,19 +12,6 @@ import struct
 from typing import Any
 
 import pytest
-
-from broker.codec.frames import (
-    FRAME_MIN_SIZE,
-    NEED_DATA,
-    PROTOCOL_HEADER,
-    Heartbeat,
-    Method,
-    ProtocolHeader,
-    Publish,
-    ServerCodec,
-)
-from broker.codec.methods import BY_NAME, decode_args, encode_args
-from broker.errors import AMQPError, ChannelError, ConnectionError_
 from rawclient import (
     body_frame,
     frame,
@@ -40,6 +27,19 @@ from rawclient import (
     py_amqp_read,
     raw_method_frame,
 )
+
+from broker.codec.frames import (
+    FRAME_MIN_SIZE,
+    NEED_DATA,
+    PROTOCOL_HEADER,
+    Heartbeat,
+    Method,
+    ProtocolHeader,
+    Publish,
+    ServerCodec,
+)
+from broker.codec.methods import BY_NAME, decode_args, encode_args
+from broker.errors import AMQPError, ChannelError, ConnectionError_
 
 # ------------------------------------------------------------------ helpers
 
@@ -104,13 +104,16 @@ def test_protocol_header_in_pieces_then_frames_in_the_same_chunk() -> None:
     assert evs[1].args == (2047, 131072, 60)
 
 
-@pytest.mark.parametrize("header", [
-    b"AMQP\x00\x00\x08\x00",  # 0-8
-    b"AMQP\x01\x01\x00\x0a",  # 0-10
-    b"AMQP\x00\x00\x09\x00",  # 0-9
-    b"AMQP\x03\x01\x00\x00",  # 1.0 SASL
-    b"AMQP\x00\x01\x00\x00",  # 1.0
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"AMQP\x00\x00\x08\x00",  # 0-8
+        b"AMQP\x01\x01\x00\x0a",  # 0-10
+        b"AMQP\x00\x00\x09\x00",  # 0-9
+        b"AMQP\x03\x01\x00\x00",  # 1.0 SASL
+        b"AMQP\x00\x01\x00\x00",  # 1.0
+    ],
+)
 def test_bad_protocol_header(header: bytes) -> None:
     codec = ServerCodec()
     evs = feed(codec, header + method_frame(0, "connection.close_ok"))
@@ -120,8 +123,9 @@ def test_bad_protocol_header(header: bytes) -> None:
     assert codec.next_event() is NEED_DATA
 
 
-@pytest.mark.parametrize("first", [b"G", b"GET / HTTP/1.1\r\n", b"\x16\x03\x01", b"\x00",
-                                   b"AMQX", b"AMQP\x01"])
+@pytest.mark.parametrize(
+    "first", [b"G", b"GET / HTTP/1.1\r\n", b"\x16\x03\x01", b"\x00", b"AMQX", b"AMQP\x01"]
+)
 def test_bad_protocol_header_is_answered_before_eight_bytes(first: bytes) -> None:
     codec = ServerCodec()
     evs = feed(codec, first)
@@ -202,8 +206,7 @@ def test_publish_fast_path_rejects_what_the_table_rejects() -> None:
         codec.receive_data(frame(1, 1, payload) + header_frame(1, 0))
         try:
             evs = drain(codec)
-            fast: Any = (evs[0].exchange, evs[0].routing_key, evs[0].mandatory,
-                         evs[0].immediate)
+            fast: Any = (evs[0].exchange, evs[0].routing_key, evs[0].mandatory, evs[0].immediate)
         except ConnectionError_ as e:
             fast = e.code
             assert e.method == (60, 40)
@@ -244,21 +247,38 @@ def test_encode_deliver_agrees_with_the_table() -> None:
             dtag = rng.choice([1, rng.randrange(2**64)])
             redelivered = rng.random() < 0.5
             body = rng.randbytes(rng.choice([0, 1, 64, 4087, 4088, 4089, 10000]))
-            props = properties_bytes(content_type="application/json", delivery_mode=2,
-                                     application_headers={"n": rng.randrange(1000)})
-            fast = codec.encode_deliver(2, tag.encode(), dtag, redelivered, exchange.encode(),
-                                        key.encode(), len(body), props, body)
-            slow = (codec.encode_method(2, "basic.deliver", tag, dtag, redelivered, exchange,
-                                        key)
-                    + codec.encode_content(2, len(body), props, body))
+            props = properties_bytes(
+                content_type="application/json",
+                delivery_mode=2,
+                application_headers={"n": rng.randrange(1000)},
+            )
+            fast = codec.encode_deliver(
+                2,
+                tag.encode(),
+                dtag,
+                redelivered,
+                exchange.encode(),
+                key.encode(),
+                len(body),
+                props,
+                body,
+            )
+            slow = codec.encode_method(
+                2, "basic.deliver", tag, dtag, redelivered, exchange, key
+            ) + codec.encode_content(2, len(body), props, body)
             assert fast == slow
             ((ch, sig, buf, msg),) = py_amqp_read(fast)
             assert (ch, sig) == (2, (60, 60))
             assert decode_args(BY_NAME["basic.deliver"], buf) == (
-                tag, dtag, redelivered, exchange, key)
+                tag,
+                dtag,
+                redelivered,
+                exchange,
+                key,
+            )
             assert (msg.body or b"") == body
             assert msg.properties["application_headers"]["n"] >= 0
-            for ftype, _, payload in parse_frames(fast)[0]:
+            for _ftype, _, payload in parse_frames(fast)[0]:
                 assert len(payload) + 8 <= frame_max
 
 
@@ -267,17 +287,29 @@ def test_encode_deliver_agrees_with_the_table() -> None:
 
 def test_publish_from_py_amqp_client_keeps_properties_byte_for_byte() -> None:
     import amqp
+
     ch, wire = py_amqp_channel(frame_max=4096)
     body = bytes(range(256)) * 40  # 10240 bytes: three body frames at frame_max 4096
-    msg = amqp.Message(body, content_type="application/octet-stream", delivery_mode=2,
-                       priority=3, expiration="60000", application_headers={"a": 1, "b": "x"})
+    msg = amqp.Message(
+        body,
+        content_type="application/octet-stream",
+        delivery_mode=2,
+        priority=3,
+        expiration="60000",
+        application_headers={"a": 1, "b": "x"},
+    )
     ch.basic_publish(msg, exchange="ex", routing_key="rk", mandatory=True)
     data = wire.take()
     assert sum(1 for f in parse_frames(data)[0] if f[0] == 3) == 3
     (ev,) = feed(greeted(), data)
     assert isinstance(ev, Publish)
     assert (ev.channel, ev.exchange, ev.routing_key, ev.mandatory, ev.immediate) == (
-        1, "ex", "rk", True, False)
+        1,
+        "ex",
+        "rk",
+        True,
+        False,
+    )
     assert ev.body == body and ev.body_size == len(body)
     assert ev.properties == bytes(msg._serialize_properties())
 
@@ -299,18 +331,20 @@ def test_content_over_several_body_frames() -> None:
 def test_interleaved_channels() -> None:
     codec = greeted()
     a, b = b"A" * 5000, b"B" * 300
-    data = b"".join([
-        method_frame(1, "basic.publish", 0, "ex1", "k1", False, False),
-        method_frame(2, "basic.publish", 0, "ex2", "k2", True, False),
-        header_frame(1, len(a), properties_bytes(content_type="a")),
-        header_frame(2, len(b)),
-        body_frame(1, a[:1000]),
-        method_frame(3, "basic.ack", 9, False),  # another channel may talk meanwhile
-        body_frame(2, b[:100]),
-        body_frame(1, a[1000:]),
-        heartbeat_frame(),
-        body_frame(2, b[100:]),
-    ])
+    data = b"".join(
+        [
+            method_frame(1, "basic.publish", 0, "ex1", "k1", False, False),
+            method_frame(2, "basic.publish", 0, "ex2", "k2", True, False),
+            header_frame(1, len(a), properties_bytes(content_type="a")),
+            header_frame(2, len(b)),
+            body_frame(1, a[:1000]),
+            method_frame(3, "basic.ack", 9, False),  # another channel may talk meanwhile
+            body_frame(2, b[:100]),
+            body_frame(1, a[1000:]),
+            heartbeat_frame(),
+            body_frame(2, b[100:]),
+        ]
+    )
     evs = feed(codec, data)
     assert evs == [
         Method(3, BY_NAME["basic.ack"], (9, False)),
@@ -322,8 +356,11 @@ def test_interleaved_channels() -> None:
 
 def test_zero_length_body_completes_on_the_header() -> None:
     codec = greeted()
-    data = (method_frame(1, "basic.publish", 0, "", "q", False, False) + header_frame(1, 0)
-            + method_frame(1, "basic.ack", 1, False))
+    data = (
+        method_frame(1, "basic.publish", 0, "", "q", False, False)
+        + header_frame(1, 0)
+        + method_frame(1, "basic.ack", 1, False)
+    )
     evs = feed(codec, data)
     assert evs[0] == Publish(1, "", "q", False, False, 0, b"\x00\x00", b"")
     assert evs[1].name == "basic.ack"
@@ -331,6 +368,7 @@ def test_zero_length_body_completes_on_the_header() -> None:
 
 def test_py_amqp_empty_body() -> None:
     import amqp
+
     ch, wire = py_amqp_channel()
     ch.basic_publish(amqp.Message(b""), exchange="", routing_key="q")
     (ev,) = feed(greeted(), wire.take())
@@ -342,19 +380,22 @@ def test_py_amqp_empty_body() -> None:
 
 def _stream() -> bytes:
     import amqp
+
     ch, wire = py_amqp_channel(frame_max=FRAME_MIN_SIZE)
     ch.queue_declare("work", durable=True, nowait=True, arguments={"x-max-priority": 5})
     ch.basic_publish(amqp.Message(b"x" * 9000, priority=1), exchange="", routing_key="work")
     ch.basic_publish(amqp.Message(b""), exchange="amq.direct", routing_key="e")
     ch.basic_ack(1, multiple=True)
-    return b"".join([
-        PROTOCOL_HEADER,
-        method_frame(0, "connection.tune_ok", 10, FRAME_MIN_SIZE, 0),
-        wire.take(),
-        heartbeat_frame(),
-        publish_frames(2, "ex", "k", b"tiny"),
-        method_frame(2, "channel.close", 200, "bye", 0, 0),
-    ])
+    return b"".join(
+        [
+            PROTOCOL_HEADER,
+            method_frame(0, "connection.tune_ok", 10, FRAME_MIN_SIZE, 0),
+            wire.take(),
+            heartbeat_frame(),
+            publish_frames(2, "ex", "k", b"tiny"),
+            method_frame(2, "channel.close", 200, "bye", 0, 0),
+        ]
+    )
 
 
 def test_split_at_every_byte_boundary_yields_the_same_events() -> None:
@@ -372,14 +413,14 @@ def test_byte_by_byte_and_random_chunks() -> None:
     codec = ServerCodec()
     got: list[Any] = []
     for i in range(len(data)):
-        got += feed(codec, data[i:i + 1])
+        got += feed(codec, data[i : i + 1])
     assert got == ref
     rng = random.Random(7)
     for _ in range(50):
         codec, got, i = ServerCodec(), [], 0
         while i < len(data):
             n = rng.randint(1, 3000)
-            got += feed(codec, data[i:i + n])
+            got += feed(codec, data[i : i + n])
             i += n
         assert got == ref
     assert codec.buffered() == 0
@@ -415,12 +456,14 @@ def test_frame_at_frame_max_is_accepted() -> None:
 
 def test_frame_max_before_tune_is_the_offer() -> None:
     codec = greeted(frame_max=8192)
-    ok = method_frame(1, "queue.declare", 0, "q" * 200, False, False, False, False, False,
-                      {"k": "v" * 7000})
+    ok = method_frame(
+        1, "queue.declare", 0, "q" * 200, False, False, False, False, False, {"k": "v" * 7000}
+    )
     assert len(ok) <= 8192
     assert feed(codec, ok)[0].name == "queue.declare"
-    too_big = method_frame(1, "queue.declare", 0, "q", False, False, False, False, False,
-                           {"k": "v" * 9000})
+    too_big = method_frame(
+        1, "queue.declare", 0, "q", False, False, False, False, False, {"k": "v" * 9000}
+    )
     assert conn_error(too_big, codec=codec).code == 501
 
 
@@ -455,13 +498,16 @@ def test_unknown_frame_type_is_501(ftype: int) -> None:
     assert f"unknown frame type {ftype}" in err.text
 
 
-@pytest.mark.parametrize("class_id,method_id,what", [
-    (60, 99, "unknown method 99 of class 60"),
-    (10, 12, "unknown method 12 of class 10"),
-    (30, 10, "unknown class 30"),  # the 0-8 access class
-    (0, 0, "unknown class 0"),
-    (65535, 65535, "unknown class 65535"),
-])
+@pytest.mark.parametrize(
+    "class_id,method_id,what",
+    [
+        (60, 99, "unknown method 99 of class 60"),
+        (10, 12, "unknown method 12 of class 10"),
+        (30, 10, "unknown class 30"),  # the 0-8 access class
+        (0, 0, "unknown class 0"),
+        (65535, 65535, "unknown class 65535"),
+    ],
+)
 def test_unknown_class_or_method_is_540(class_id: int, method_id: int, what: str) -> None:
     err = conn_error(raw_method_frame(1, class_id, method_id, b"\x00\x00"))
     assert err.code == 540
@@ -475,16 +521,19 @@ def test_method_frame_without_ids_is_502(payload: bytes) -> None:
     assert err.code == 502
 
 
-@pytest.mark.parametrize("name,args", [
-    ("queue.declare", (0, "q", False, True, False, False, False, {"x-expires": 1000})),
-    ("exchange.declare", (0, "ex", "topic", False, True, False, False, False, {})),
-    ("basic.consume", (0, "q", "tag", False, False, False, False, {})),
-    ("basic.nack", (5, True, False)),
-    ("connection.start_ok", ({"product": "x"}, "PLAIN", b"\x00guest\x00guest", "en_US")),
-    ("connection.tune_ok", (0, 131072, 60)),
-    ("basic.publish", (0, "ex", "rk", False, False)),
-    ("basic.ack", (1, False)),
-])
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("queue.declare", (0, "q", False, True, False, False, False, {"x-expires": 1000})),
+        ("exchange.declare", (0, "ex", "topic", False, True, False, False, False, {})),
+        ("basic.consume", (0, "q", "tag", False, False, False, False, {})),
+        ("basic.nack", (5, True, False)),
+        ("connection.start_ok", ({"product": "x"}, "PLAIN", b"\x00guest\x00guest", "en_US")),
+        ("connection.tune_ok", (0, 131072, 60)),
+        ("basic.publish", (0, "ex", "rk", False, False)),
+        ("basic.ack", (1, False)),
+    ],
+)
 def test_truncated_arguments_are_502(name: str, args: tuple[Any, ...]) -> None:
     payload = method_payload(name, *args)
     for n in range(4, len(payload)):
@@ -494,12 +543,15 @@ def test_truncated_arguments_are_502(name: str, args: tuple[Any, ...]) -> None:
         assert err.method == BY_NAME[name].sig
 
 
-@pytest.mark.parametrize("name,args", [
-    ("queue.declare", (0, "q", False, True, False, False, False, {})),
-    ("basic.qos", (0, 10, False)),
-    ("basic.ack", (1, False)),
-    ("channel.close", (200, "ok", 0, 0)),
-])
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("queue.declare", (0, "q", False, True, False, False, False, {})),
+        ("basic.qos", (0, 10, False)),
+        ("basic.ack", (1, False)),
+        ("channel.close", (200, "ok", 0, 0)),
+    ],
+)
 def test_trailing_bytes_after_the_arguments_are_502(name: str, args: tuple[Any, ...]) -> None:
     payload = method_payload(name, *args)
     err = conn_error(frame(1, 1, payload + b"\x00\x01"))
@@ -513,8 +565,9 @@ def test_garbled_arguments_are_502() -> None:
     bad_table = method_payload("queue.declare", 0, "q", False, False, False, False, False, {})
     bad_table = bad_table[:-4] + b"\x00\x00\x00\x03\x01kZ"  # field type 'Z' does not exist
     assert conn_error(frame(1, 1, bad_table)).code == 502
-    table_len_lies = method_payload("queue.declare", 0, "q", False, False, False, False,
-                                    False, {"a": 1})
+    table_len_lies = method_payload(
+        "queue.declare", 0, "q", False, False, False, False, False, {"a": 1}
+    )
     table_len_lies = table_len_lies[:-11] + b"\x7f\xff\xff\xff" + table_len_lies[-7:]
     assert conn_error(frame(1, 1, table_len_lies)).code == 502
 
@@ -526,22 +579,29 @@ def test_content_header_without_publish_is_505() -> None:
 
 
 def test_second_content_header_is_505() -> None:
-    data = (method_frame(1, "basic.publish", 0, "", "q", False, False) + header_frame(1, 10)
-            + header_frame(1, 10))
+    data = (
+        method_frame(1, "basic.publish", 0, "", "q", False, False)
+        + header_frame(1, 10)
+        + header_frame(1, 10)
+    )
     assert conn_error(data).code == 505
 
 
 def test_body_without_header_is_505() -> None:
     assert conn_error(body_frame(1, b"abc")).code == 505
-    err = conn_error(method_frame(1, "basic.publish", 0, "", "q", False, False)
-                     + body_frame(1, b"abc"))
+    err = conn_error(
+        method_frame(1, "basic.publish", 0, "", "q", False, False) + body_frame(1, b"abc")
+    )
     assert err.code == 505
     assert "without a content header" in err.text
 
 
 def test_body_on_another_channel_is_505() -> None:
-    data = (method_frame(1, "basic.publish", 0, "", "q", False, False) + header_frame(1, 3)
-            + body_frame(2, b"abc"))
+    data = (
+        method_frame(1, "basic.publish", 0, "", "q", False, False)
+        + header_frame(1, 3)
+        + body_frame(2, b"abc")
+    )
     assert conn_error(data).code == 505
 
 
@@ -561,14 +621,19 @@ def test_content_header_too_short_is_501() -> None:
 
 
 def test_content_header_for_another_class_is_505() -> None:
-    data = (method_frame(1, "basic.publish", 0, "", "q", False, False)
-            + frame(2, 1, header_payload(0, class_id=50)))
+    data = method_frame(1, "basic.publish", 0, "", "q", False, False) + frame(
+        2, 1, header_payload(0, class_id=50)
+    )
     assert conn_error(data).code == 505
 
 
 def test_body_longer_than_declared_is_501() -> None:
-    data = (method_frame(1, "basic.publish", 0, "", "q", False, False) + header_frame(1, 4)
-            + body_frame(1, b"123") + body_frame(1, b"45"))
+    data = (
+        method_frame(1, "basic.publish", 0, "", "q", False, False)
+        + header_frame(1, 4)
+        + body_frame(1, b"123")
+        + body_frame(1, b"45")
+    )
     err = conn_error(data)
     assert err.code == 501
     assert "longer than" in err.text
@@ -586,11 +651,14 @@ def test_publish_on_channel_zero_is_503() -> None:
     assert err.code == 503
 
 
-@pytest.mark.parametrize("name,args", [
-    ("basic.deliver", ("tag", 1, False, "", "q")),
-    ("basic.return", (312, "NO_ROUTE", "", "q")),
-    ("basic.get_ok", (1, False, "", "q", 0)),
-])
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("basic.deliver", ("tag", 1, False, "", "q")),
+        ("basic.return", (312, "NO_ROUTE", "", "q")),
+        ("basic.get_ok", (1, False, "", "q", 0)),
+    ],
+)
 def test_server_only_content_methods_are_503(name: str, args: tuple[Any, ...]) -> None:
     err = conn_error(method_frame(1, name, *args))
     assert err.code == 503
@@ -611,9 +679,14 @@ def test_oversize_message_is_a_406_channel_error_and_the_codec_keeps_working() -
     (ev,) = feed(codec, ok)
     assert ev.body_size == 100
     big = b"y" * 5000
-    data = (method_frame(5, "basic.publish", 0, "", "q", False, False) + header_frame(5, 5000)
-            + body_frame(5, big[:2500]) + method_frame(6, "basic.ack", 1, False)
-            + body_frame(5, big[2500:]) + ok)
+    data = (
+        method_frame(5, "basic.publish", 0, "", "q", False, False)
+        + header_frame(5, 5000)
+        + body_frame(5, big[:2500])
+        + method_frame(6, "basic.ack", 1, False)
+        + body_frame(5, big[2500:])
+        + ok
+    )
     codec.receive_data(data)
     assert codec.next_event().name == "basic.ack"
     with pytest.raises(ChannelError) as info:
@@ -631,8 +704,9 @@ def test_oversize_message_is_a_406_channel_error_and_the_codec_keeps_working() -
 
 def test_oversize_message_with_no_body_frames_yet() -> None:
     codec = greeted(max_message_size=10)
-    codec.receive_data(method_frame(1, "basic.publish", 0, "", "q", False, False)
-                       + header_frame(1, 11))
+    codec.receive_data(
+        method_frame(1, "basic.publish", 0, "", "q", False, False) + header_frame(1, 11)
+    )
     assert codec.next_event() is NEED_DATA
     codec.discard_channel(1)  # channel closed meanwhile: the partial content is forgotten
     assert feed(codec, method_frame(1, "channel.close_ok"))[0].name == "channel.close_ok"
@@ -646,8 +720,13 @@ def test_encode_content_splits_bodies_at_frame_max() -> None:
     codec.tune(FRAME_MIN_SIZE)
     room = FRAME_MIN_SIZE - 8
     props = properties_bytes(content_type="text/plain")
-    for size, expect in [(0, []), (1, [1]), (room, [room]), (room + 1, [room, 1]),
-                         (10000, [room, room, 10000 - 2 * room])]:
+    for size, expect in [
+        (0, []),
+        (1, [1]),
+        (room, [room]),
+        (room + 1, [room, 1]),
+        (10000, [room, room, 10000 - 2 * room]),
+    ]:
         body = bytes(i % 251 for i in range(size))
         data = codec.encode_content(4, size, props, body)
         frames, rest = parse_frames(data)
@@ -661,15 +740,19 @@ def test_encode_content_splits_bodies_at_frame_max() -> None:
 
 def test_encode_method_is_what_py_amqp_reads() -> None:
     codec = ServerCodec()
-    out = (codec.encode_method(0, "connection.start", 0, 9, {"capabilities": {"a": True}},
-                               "PLAIN AMQPLAIN", "en_US")
-           + codec.encode_method(1, "basic.get_ok", 3, True, "ex", "rk", 7)
-           + codec.encode_content(1, 2, b"\x00\x00", b"hi")
-           + codec.encode_method(1, "channel.close", 406, "PRECONDITION_FAILED - x", 60, 80))
+    out = (
+        codec.encode_method(
+            0, "connection.start", 0, 9, {"capabilities": {"a": True}}, "PLAIN AMQPLAIN", "en_US"
+        )
+        + codec.encode_method(1, "basic.get_ok", 3, True, "ex", "rk", 7)
+        + codec.encode_content(1, 2, b"\x00\x00", b"hi")
+        + codec.encode_method(1, "channel.close", 406, "PRECONDITION_FAILED - x", 60, 80)
+    )
     got = py_amqp_read(out)
     assert [(c, s) for c, s, _, _ in got] == [(0, (10, 10)), (1, (60, 71)), (1, (20, 40))]
     assert got[1][3].body == b"hi"
     from amqp.serialization import loads
+
     assert loads("Lbssl", got[1][2], 4)[0] == [3, True, "ex", "rk", 7]
     assert loads("BsBB", got[2][2], 4)[0] == [406, "PRECONDITION_FAILED - x", 60, 80]
 
@@ -678,7 +761,7 @@ def test_header_and_body_split_inside_the_frame_header() -> None:
     codec = greeted()
     data = publish_frames(1, "", "q", b"abc")
     for i in range(len(data)):
-        codec.receive_data(data[i:i + 1])
+        codec.receive_data(data[i : i + 1])
     assert drain(codec) == [Publish(1, "", "q", False, False, 3, b"\x00\x00", b"abc")]
     assert struct.calcsize(">BHI") == 7
 

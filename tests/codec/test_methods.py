@@ -9,11 +9,11 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from rawclient import method_frame, py_amqp_channel
 
 from broker.codec.frames import NEED_DATA, PROTOCOL_HEADER, Method, ServerCodec
 from broker.codec.methods import BY_NAME, METHODS, decode_args, encode_args, lookup
 from broker.errors import ConnectionError_
-from rawclient import method_frame, py_amqp_channel
 
 ALL = sorted(METHODS.values(), key=lambda m: m.sig)
 
@@ -47,9 +47,9 @@ def _table(rng: random.Random, depth: int) -> dict[str, Any]:
         kind = rng.randrange(9 if depth else 7)
         key = f"k{i}-{rng.randrange(1000)}"
         if kind == 0:
-            out[key] = rng.randrange(-2**31, 2**31)
+            out[key] = rng.randrange(-(2**31), 2**31)
         elif kind == 1:
-            out[key] = rng.randrange(-2**63, 2**63)
+            out[key] = rng.randrange(-(2**63), 2**63)
         elif kind == 2:
             out[key] = "v" * rng.randint(0, 20)
         elif kind == 3:
@@ -76,8 +76,15 @@ def test_the_table_is_consistent() -> None:
     for spec in ALL:
         assert len(spec.args) == len(spec.fmt)
         assert set(spec.fmt) <= set("boBlLsSxF")
-        assert spec.name.split(".")[0] in {"connection", "channel", "exchange", "queue",
-                                           "basic", "confirm", "tx"}
+        assert spec.name.split(".")[0] in {
+            "connection",
+            "channel",
+            "exchange",
+            "queue",
+            "basic",
+            "confirm",
+            "tx",
+        }
     content = {m.name for m in ALL if m.content}
     assert content == {"basic.publish", "basic.return", "basic.deliver", "basic.get_ok"}
 
@@ -94,16 +101,18 @@ def test_every_method_round_trips(spec: Any) -> None:
         assert lookup(*spec.sig) is spec
 
 
-@pytest.mark.parametrize("spec", [m for m in ALL if not m.content or m.name == "basic.publish"],
-                         ids=lambda m: m.name)
+@pytest.mark.parametrize(
+    "spec", [m for m in ALL if not m.content or m.name == "basic.publish"], ids=lambda m: m.name
+)
 def test_every_client_method_through_the_codec(spec: Any) -> None:
     """Method frames for every method decode to the same arguments through the codec."""
     rng = random.Random(spec.method_id)
     args = _args(rng, spec.fmt)
     payload = encode_args(spec, args)
     codec = ServerCodec()
-    codec.receive_data(PROTOCOL_HEADER + b"\x01\x00\x03" + len(payload).to_bytes(4, "big")
-                       + payload + b"\xce")
+    codec.receive_data(
+        PROTOCOL_HEADER + b"\x01\x00\x03" + len(payload).to_bytes(4, "big") + payload + b"\xce"
+    )
     codec.next_event()
     ev = codec.next_event()
     if spec.name == "basic.publish":
@@ -164,11 +173,24 @@ def test_unknown_methods_are_540() -> None:
 
 def test_tables_keep_their_types() -> None:
     spec = BY_NAME["queue.declare"]
-    args = (0, "q", False, True, False, False, False, {
-        "x-message-ttl": 1000, "x-max-length": 2**40, "x-dead-letter-exchange": "dlx",
-        "x-single-active-consumer": True, "x-list": [1, "a", None], "x-dec": Decimal("1.5"),
-        "x-nested": {"a": {"b": 1}},
-    })
+    args = (
+        0,
+        "q",
+        False,
+        True,
+        False,
+        False,
+        False,
+        {
+            "x-message-ttl": 1000,
+            "x-max-length": 2**40,
+            "x-dead-letter-exchange": "dlx",
+            "x-single-active-consumer": True,
+            "x-list": [1, "a", None],
+            "x-dec": Decimal("1.5"),
+            "x-nested": {"a": {"b": 1}},
+        },
+    )
     got = decode_args(spec, encode_args(spec, args))
     assert got == args
     assert type(got[7]["x-single-active-consumer"]) is bool
@@ -205,12 +227,14 @@ def _norm(fmt: str) -> str:
 @pytest.mark.parametrize("pyname,name", sorted(_CLIENT_SENDS.items()))
 def test_formats_match_what_py_amqp_sends(pyname: str, name: str) -> None:
     import amqp
+
     argsig = inspect.signature(getattr(amqp.Channel, pyname)).parameters["argsig"].default
     assert _norm(argsig) == _norm(BY_NAME[name].fmt)
 
 
 def test_connection_formats_match_py_amqp() -> None:
     import amqp
+
     params = lambda fn: inspect.signature(fn).parameters["argsig"].default  # noqa: E731
     assert _norm(params(amqp.Connection._on_start)) == _norm(BY_NAME["connection.start_ok"].fmt)
     assert params(amqp.Connection._on_tune) == BY_NAME["connection.tune_ok"].fmt
@@ -221,6 +245,7 @@ def test_connection_formats_match_py_amqp() -> None:
 def test_formats_match_what_py_amqp_reads() -> None:
     """Every server method py-amqp parses is parsed with (a prefix of) our format."""
     import amqp
+
     checked = 0
     for cls in (amqp.Connection, amqp.Channel):
         for sig, m in cls._METHODS.items():
@@ -235,19 +260,39 @@ def test_formats_match_what_py_amqp_reads() -> None:
 def test_py_amqp_client_calls_decode_as_sent() -> None:
     """A real py-amqp Channel writes its frames into a fake wire; the codec reads them."""
     import amqp
+
     ch, wire = py_amqp_channel(channel_id=9)
-    ch.exchange_declare("ex", "topic", durable=True, auto_delete=False, nowait=True,
-                        arguments={"alternate-exchange": "ae"})
+    ch.exchange_declare(
+        "ex",
+        "topic",
+        durable=True,
+        auto_delete=False,
+        nowait=True,
+        arguments={"alternate-exchange": "ae"},
+    )
     ch.exchange_bind("dst", "src", "a.#", nowait=True)
     ch.exchange_unbind("dst", "src", "a.#", nowait=True)
     ch.exchange_delete("ex", if_unused=True, nowait=True)
-    ch.queue_declare("q", durable=True, exclusive=False, auto_delete=False, nowait=True,
-                     arguments={"x-queue-type": "quorum"})
+    ch.queue_declare(
+        "q",
+        durable=True,
+        exclusive=False,
+        auto_delete=False,
+        nowait=True,
+        arguments={"x-queue-type": "quorum"},
+    )
     ch.queue_bind("q", "ex", "k", nowait=True)
     ch.queue_purge("q", nowait=True)
     ch.queue_delete("q", if_unused=True, if_empty=True, nowait=True)
-    ch.basic_consume("q", consumer_tag="ct", no_ack=True, exclusive=True, nowait=True,
-                     arguments={"x-priority": 3}, callback=lambda m: None)
+    ch.basic_consume(
+        "q",
+        consumer_tag="ct",
+        no_ack=True,
+        exclusive=True,
+        nowait=True,
+        arguments={"x-priority": 3},
+        callback=lambda m: None,
+    )
     ch.basic_cancel("ct", nowait=True)
     ch.basic_ack(42, multiple=True)
     ch.basic_reject(43, requeue=False)
@@ -263,8 +308,10 @@ def test_py_amqp_client_calls_decode_as_sent() -> None:
     assert not codec.buffered()
     got = [(getattr(e, "name", type(e).__name__), getattr(e, "args", None)) for e in evs[1:]]
     assert got[:-1] == [
-        ("exchange.declare", (0, "ex", "topic", False, True, False, False, True,
-                              {"alternate-exchange": "ae"})),
+        (
+            "exchange.declare",
+            (0, "ex", "topic", False, True, False, False, True, {"alternate-exchange": "ae"}),
+        ),
         ("exchange.bind", (0, "dst", "src", "a.#", True, {})),
         ("exchange.unbind", (0, "dst", "src", "a.#", True, {})),
         ("exchange.delete", (0, "ex", True, True)),

@@ -6,12 +6,22 @@ import random
 from typing import Any
 
 import pytest
-
-from broker.codec import properties as P
 from rawclient import properties_bytes
 
-SHORTSTRS = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
-             "message_id", "type", "user_id", "app_id", "cluster_id")
+from broker.codec import properties as P
+
+SHORTSTRS = (
+    "content_type",
+    "content_encoding",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
 
 
 def _shortstr(rng: random.Random) -> str:
@@ -35,7 +45,8 @@ def random_properties(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.5:
         props["application_headers"] = {
             f"h{i}": rng.choice([1, "v", True, None, 2**40, {"n": [1, 2]}])
-            for i in range(rng.randint(0, 6))}
+            for i in range(rng.randint(0, 6))
+        }
     return props
 
 
@@ -56,9 +67,16 @@ def test_peek_matches_decode_for_random_property_sets(seed: int) -> None:
 
 
 def test_decode_names_and_values() -> None:
-    raw = properties_bytes(content_type="application/json", delivery_mode=2, priority=9,
-                           expiration="5000", application_headers={"x-delay": 100},
-                           message_id="m1", correlation_id="c1", reply_to="r")
+    raw = properties_bytes(
+        content_type="application/json",
+        delivery_mode=2,
+        priority=9,
+        expiration="5000",
+        application_headers={"x-delay": 100},
+        message_id="m1",
+        correlation_id="c1",
+        reply_to="r",
+    )
     assert P.peek(raw)[:3] == (2, 9, "5000")
     d = P.decode(raw)
     assert d["content_type"] == "application/json"
@@ -102,15 +120,19 @@ def test_truncated_or_garbled_properties_raise_only_properties_error(seed: int) 
 
 
 def test_truncation_inside_what_peek_reads_is_an_error() -> None:
-    raw = properties_bytes(content_type="t", application_headers={"a": "b"}, delivery_mode=2,
-                           priority=1, expiration="100")
+    raw = properties_bytes(
+        content_type="t",
+        application_headers={"a": "b"},
+        delivery_mode=2,
+        priority=1,
+        expiration="100",
+    )
     for n in range(len(raw)):
         with pytest.raises(P.PropertiesError):
             P.peek(raw[:n])
 
 
-@pytest.mark.parametrize("value,expect", [(None, None), ("0", 0), ("60000", 60000),
-                                          ("007", 7)])
+@pytest.mark.parametrize("value,expect", [(None, None), ("0", 0), ("60000", 60000), ("007", 7)])
 def test_expiration_ms(value: str | None, expect: int | None) -> None:
     assert P.expiration_ms(value) == expect
 
@@ -121,10 +143,18 @@ def test_expiration_ms_rejects_what_rabbitmq_rejects(value: str) -> None:
         P.expiration_ms(value)
 
 
-@pytest.mark.parametrize("props", [
-    dict(message_id="m" * 20), dict(timestamp=123), dict(type="t" * 10), dict(user_id="u"),
-    dict(app_id="app"), dict(cluster_id="c"), dict(correlation_id="c", reply_to="r"),
-])
+@pytest.mark.parametrize(
+    "props",
+    [
+        dict(message_id="m" * 20),
+        dict(timestamp=123),
+        dict(type="t" * 10),
+        dict(user_id="u"),
+        dict(app_id="app"),
+        dict(cluster_id="c"),
+        dict(correlation_id="c", reply_to="r"),
+    ],
+)
 def test_truncated_fields_after_what_routing_reads_are_an_error_too(props: dict[str, Any]) -> None:
     """Peek reads only four properties but checks that the whole list fits, so a truncated
     property list is refused on publish rather than handed to consumers."""
@@ -159,8 +189,11 @@ def test_decode_lenient_leaves_out_a_garbled_headers_table() -> None:
     ct_end = 2 + 1 + len("text/plain")
     raw = flags.to_bytes(2, "big") + good[2:ct_end] + GARBLED_HEADERS[2:] + good[ct_end:]
     assert P.peek(raw)[:3] == (2, 0, None)
-    assert P.decode_lenient(raw) == {"content_type": "text/plain", "delivery_mode": 2,
-                                     "message_id": "m1"}
+    assert P.decode_lenient(raw) == {
+        "content_type": "text/plain",
+        "delivery_mode": 2,
+        "message_id": "m1",
+    }
 
 
 def test_decode_lenient_keeps_what_peek_read_when_nothing_else_decodes() -> None:

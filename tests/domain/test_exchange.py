@@ -10,20 +10,23 @@ from broker.domain.timers import Timers
 from broker.domain.vhost import VirtualHost, next_message_id
 
 
-@pytest.mark.parametrize("pattern,key,ok", [
-    ("stocks.us.*", "stocks.us.ibm", True),
-    ("stocks.us.*", "stocks.us", False),
-    ("stocks.us.*", "stocks.us.ibm.x", False),
-    ("stocks.#", "stocks", True),
-    ("stocks.#", "stocks.us.ibm", True),
-    ("#", "", True),
-    ("#.ibm", "ibm", True),
-    ("a.#.z", "a.z", True),
-    ("a.#.z", "a.b.c.z", True),
-    ("a.#.z", "a.b.c", False),
-    ("*.*", "a.b", True),
-    ("*", "", True),
-])
+@pytest.mark.parametrize(
+    "pattern,key,ok",
+    [
+        ("stocks.us.*", "stocks.us.ibm", True),
+        ("stocks.us.*", "stocks.us", False),
+        ("stocks.us.*", "stocks.us.ibm.x", False),
+        ("stocks.#", "stocks", True),
+        ("stocks.#", "stocks.us.ibm", True),
+        ("#", "", True),
+        ("#.ibm", "ibm", True),
+        ("a.#.z", "a.z", True),
+        ("a.#.z", "a.b.c.z", True),
+        ("a.#.z", "a.b.c", False),
+        ("*.*", "a.b", True),
+        ("*", "", True),
+    ],
+)
 def test_topic_matching(pattern, key, ok):
     assert topic_matches(pattern, key) is ok
 

@@ -48,8 +48,9 @@ def vh(clock: ManualClock) -> VirtualHost:
 
 def msg(vh: VirtualHost, body: bytes = b"x", rk: str = "k", **props: Any) -> Message:
     raw = P.encode(props)
-    return Message.from_publish(next_message_id(), "", rk, raw, body, len(body),
-                                vh.clock.monotonic(), vh.clock.time())
+    return Message.from_publish(
+        next_message_id(), "", rk, raw, body, len(body), vh.clock.monotonic(), vh.clock.time()
+    )
 
 
 def put(vh: VirtualHost, q: Queue, *bodies: bytes, **props: Any) -> list[Message]:
@@ -130,9 +131,14 @@ def test_per_message_expiration_and_queue_ttl_take_the_lower(vh, clock):
 def test_expired_message_is_dead_lettered_with_x_death(vh, clock):
     dlq, _ = vh.declare_queue("dlq")
     vh.bind(vh.exchanges["amq.direct"], dlq, "dead", {})
-    q, _ = vh.declare_queue("q", arguments={"x-message-ttl": 100,
-                                            "x-dead-letter-exchange": "amq.direct",
-                                            "x-dead-letter-routing-key": "dead"})
+    q, _ = vh.declare_queue(
+        "q",
+        arguments={
+            "x-message-ttl": 100,
+            "x-dead-letter-exchange": "amq.direct",
+            "x-dead-letter-routing-key": "dead",
+        },
+    )
     put(vh, q, b"bye")
     clock.advance(0.2)
     vh.timers.run_due()
@@ -177,7 +183,7 @@ def test_priority_queue_delivers_highest_first(vh):
 
 
 def test_x_expires_deletes_an_idle_queue(vh, clock):
-    q, _ = vh.declare_queue("idle", arguments={"x-expires": 1000})
+    _q, _ = vh.declare_queue("idle", arguments={"x-expires": 1000})
     clock.advance(0.9)
     vh.timers.run_due()
     assert "idle" in vh.queues
@@ -268,8 +274,9 @@ def test_drop_head_that_drops_the_new_message_is_not_a_refusal(vh):
     m = msg(vh, b"12345")
     taken, refused = vh.deliver_to_queues([q], m)
     assert taken == [] and refused is False  # the publisher gets an ack, as in RabbitMQ
-    r, _ = vh.declare_queue("strict", arguments={"x-max-length-bytes": 3,
-                                                 "x-overflow": "reject-publish"})
+    r, _ = vh.declare_queue(
+        "strict", arguments={"x-max-length-bytes": 3, "x-overflow": "reject-publish"}
+    )
     m2 = msg(vh, b"12345")
     assert vh.deliver_to_queues([r], m2) == ([], True)
 
@@ -277,8 +284,9 @@ def test_drop_head_that_drops_the_new_message_is_not_a_refusal(vh):
 def test_a_requeued_message_past_its_ttl_expires_without_consumers(vh, clock):
     dlq, _ = vh.declare_queue("dlq")
     vh.bind(vh.exchanges["amq.fanout"], dlq, "", {})
-    q, _ = vh.declare_queue("q", arguments={"x-message-ttl": 1000,
-                                            "x-dead-letter-exchange": "amq.fanout"})
+    q, _ = vh.declare_queue(
+        "q", arguments={"x-message-ttl": 1000, "x-dead-letter-exchange": "amq.fanout"}
+    )
     [m] = put(vh, q, b"late")
     assert q.get() is m  # delivered (basic.get), not acked
     clock.advance(2)

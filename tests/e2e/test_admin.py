@@ -18,13 +18,17 @@ pytestmark = pytest.mark.e2e
 
 def call(b, path: str, method: str = "GET", auth: tuple[str, str] = ("guest", "guest")):
     port = b.running.admin.port
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
-                                 data=b"" if method == "POST" else None)
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", method=method, data=b"" if method == "POST" else None
+    )
     req.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
     with urllib.request.urlopen(req, timeout=5) as resp:
         body = resp.read().decode()
-        return json.loads(body) if resp.headers["Content-Type"].startswith("application/json") \
+        return (
+            json.loads(body)
+            if resp.headers["Content-Type"].startswith("application/json")
             else body
+        )
 
 
 def test_requests_need_a_broker_user(broker_factory):
@@ -50,7 +54,11 @@ def test_overview_queues_consumers_connections_and_metrics(broker_factory):
             assert "plugins.slow_consumer" in ov["plugins"]
             [jobs] = [x for x in call(b, "/api/queues") if x["name"] == "jobs"]
             assert (jobs["messages"], jobs["ready"], jobs["unacked"], jobs["consumers"]) == (
-                2, 1, 1, 1)
+                2,
+                1,
+                1,
+                1,
+            )
             [c] = [x for x in call(b, "/api/consumers") if x["queue"] == "jobs"]
             assert c["unacked"] == 1 and c["prefetch"] == 1 and not c["isolated"]
             assert call(b, "/api/connections")[0]["user"] == "guest"
@@ -63,8 +71,11 @@ def test_overview_queues_consumers_connections_and_metrics(broker_factory):
 
 
 def test_blocklist_lists_isolated_consumers(broker_factory):
-    b = broker_factory('<queue name="work"><isolation><ackTimeout>200ms</ackTimeout>'
-                       "<checkPeriod>100ms</checkPeriod></isolation></queue>", admin=True)
+    b = broker_factory(
+        '<queue name="work"><isolation><ackTimeout>200ms</ackTimeout>'
+        "<checkPeriod>100ms</checkPeriod></isolation></queue>",
+        admin=True,
+    )
     conns = [kombu.Connection(b.url()) for _ in range(2)]
     try:
         q = kombu.Queue("work", routing_key="work", durable=False)
@@ -89,16 +100,18 @@ def test_blocklist_lists_isolated_consumers(broker_factory):
         assert len(blocked) == 1 and blocked[0]["queue"] == "work" and blocked[0]["isolated"]
         metrics = call(b, "/metrics")
         assert "plugbroker_consumer_isolated{" in metrics and "} 1" in metrics
-        assert 'plugbroker_policy_actions_total{policy="Isolation",outcome="applied"} 1' \
-            in metrics
+        assert 'plugbroker_policy_actions_total{policy="Isolation",outcome="applied"} 1' in metrics
     finally:
         for conn in conns:
             conn.release()
 
 
 def test_dead_letters_listed_and_redriven_to_their_queue(broker_factory, capsys):
-    b = broker_factory('<queue name="orders"><deadLetter><maxRedeliveries>0</maxRedeliveries>'
-                       "</deadLetter></queue>", admin=True)
+    b = broker_factory(
+        '<queue name="orders"><deadLetter><maxRedeliveries>0</maxRedeliveries>'
+        "</deadLetter></queue>",
+        admin=True,
+    )
     with kombu.Connection(b.url()) as conn:
         q = kombu.Queue("orders", routing_key="orders", durable=True)
         for i in range(3):
@@ -108,8 +121,12 @@ def test_dead_letters_listed_and_redriven_to_their_queue(broker_factory, capsys)
             m.requeue()  # maxRedeliveries 0: straight to the DLQ
         time.sleep(0.1)
         [dl] = call(b, "/api/dead-letters")
-        assert dl == {"vhost": "/", "queue": "orders-DLQ", "messages": 3,
-                      "received_by_reason": {"delivery_limit": 3}}
+        assert dl == {
+            "vhost": "/",
+            "queue": "orders-DLQ",
+            "messages": 3,
+            "received_by_reason": {"delivery_limit": 3},
+        }
         port = b.running.admin.port
         assert cli(["admin", "redrive", "orders-DLQ", "--url", f"http://127.0.0.1:{port}"]) == 0
         out = json.loads(capsys.readouterr().out)
@@ -119,8 +136,11 @@ def test_dead_letters_listed_and_redriven_to_their_queue(broker_factory, capsys)
 
 
 def test_reload_by_admin_call(broker_factory, tmp_path):
-    b = broker_factory('<queue name="q"><consumer><messageCount>5</messageCount>'
-                       '<policy name="Log"/></consumer></queue>', admin=True)
+    b = broker_factory(
+        '<queue name="q"><consumer><messageCount>5</messageCount>'
+        '<policy name="Log"/></consumer></queue>',
+        admin=True,
+    )
     path = b.running.config.source
     b.call(lambda: b.broker.vhosts["/"].declare_queue("q"))
 

@@ -9,11 +9,11 @@ import random
 import socket
 import struct
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import kombu
 import pytest
-
 from rawclient import (
     PROTOCOL_HEADER,
     Closed,
@@ -40,10 +40,14 @@ def no_broker_crash(caplog: pytest.LogCaptureFixture) -> Any:
     caplog.set_level(logging.INFO)
     yield
     records = caplog.get_records("setup") + caplog.get_records("call")
-    crashes = [r for r in records if r.levelno >= logging.ERROR
-               and (r.name.startswith("broker") or r.name == "asyncio")]
+    crashes = [
+        r
+        for r in records
+        if r.levelno >= logging.ERROR and (r.name.startswith("broker") or r.name == "asyncio")
+    ]
     assert not crashes, "\n".join(
-        f"{r.name}: {r.getMessage()}\n{r.exc_text or ''}" for r in crashes)
+        f"{r.name}: {r.getMessage()}\n{r.exc_text or ''}" for r in crashes
+    )
 
 
 def _connections(broker: Any) -> int:
@@ -67,15 +71,19 @@ def _client(broker: Any, **kw: Any) -> RawClient:
 # ------------------------------------------------------------------ before the handshake
 
 
-@pytest.mark.parametrize("greeting", [
-    b"AMQP\x00\x00\x08\x00",  # an AMQP 0-8 client
-    b"AMQP\x01\x01\x00\x0a",  # 0-10
-    b"AMQP\x00\x01\x00\x00",  # 1.0
-    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello
-])
-def test_wrong_protocol_header_gets_ours_and_the_door(broker: Any, greeting: bytes,
-                                                      caplog: Any) -> None:
+@pytest.mark.parametrize(
+    "greeting",
+    [
+        b"AMQP\x00\x00\x08\x00",  # an AMQP 0-8 client
+        b"AMQP\x01\x01\x00\x0a",  # 0-10
+        b"AMQP\x00\x01\x00\x00",  # 1.0
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello
+    ],
+)
+def test_wrong_protocol_header_gets_ours_and_the_door(
+    broker: Any, greeting: bytes, caplog: Any
+) -> None:
     with RawClient(broker.port) as c:
         c.send(greeting)
         assert c.read_bytes(8) == PROTOCOL_HEADER
@@ -92,8 +100,9 @@ def test_a_single_wrong_first_byte_is_answered_at_once(broker: Any) -> None:
         assert c.wait_closed(2)
 
 
-def test_silent_client_is_dropped_after_the_handshake_timeout(broker_factory: Any,
-                                                              caplog: Any) -> None:
+def test_silent_client_is_dropped_after_the_handshake_timeout(
+    broker_factory: Any, caplog: Any
+) -> None:
     b = broker_factory(limits="<limits><handshakeTimeout>300ms</handshakeTimeout></limits>")
     t0 = time.monotonic()
     with RawClient(b.port) as silent, RawClient(b.port) as half:
@@ -142,8 +151,14 @@ def test_bad_login_is_403(broker: Any) -> None:
     with RawClient(broker.port) as c:
         c.send(PROTOCOL_HEADER)
         c.expect("connection.start")
-        c.method(0, "connection.start_ok", {"capabilities": {"authentication_failure_close": True}},
-                 "PLAIN", plain_response("guest", "wrong"), "en_US")
+        c.method(
+            0,
+            "connection.start_ok",
+            {"capabilities": {"authentication_failure_close": True}},
+            "PLAIN",
+            plain_response("guest", "wrong"),
+            "en_US",
+        )
         code, text, _, _ = c.expect_connection_close()
         assert code == 403 and "Login was refused" in text
 
@@ -163,43 +178,77 @@ def test_tune_ok_with_a_tiny_frame_max_is_refused(broker: Any) -> None:
 
 #: name -> (bytes to send on an open connection with channel 1 open, code, words in the text)
 CONNECTION_ERRORS: dict[str, tuple[bytes, int, str]] = {
-    "bad frame end": (frame(1, 1, method_payload("basic.qos", 0, 1, False), end=b"\x00"),
-                      501, "frame end"),
+    "bad frame end": (
+        frame(1, 1, method_payload("basic.qos", 0, 1, False), end=b"\x00"),
+        501,
+        "frame end",
+    ),
     "oversize frame": (body_frame(1, b"x" * 5000), 501, "exceeds frame_max"),
     "unknown frame type": (frame(9, 1, b"hello"), 501, "unknown frame type 9"),
     "heartbeat on a channel": (heartbeat_frame(1), 501, "heartbeat frame on channel 1"),
     "unknown method": (raw_method_frame(1, 60, 99), 540, "unknown method 99 of class 60"),
     "unknown class": (raw_method_frame(1, 30, 10), 540, "unknown class 30"),
-    "truncated arguments": (frame(1, 1, method_payload(
-        "queue.declare", 0, "q", False, False, False, False, False, {"a": 1})[:-3]),
-        502, "queue.declare"),
+    "truncated arguments": (
+        frame(
+            1,
+            1,
+            method_payload("queue.declare", 0, "q", False, False, False, False, False, {"a": 1})[
+                :-3
+            ],
+        ),
+        502,
+        "queue.declare",
+    ),
     "short method frame": (frame(1, 1, b"\x00\x32"), 502, "method frame shorter"),
-    "method on a closed channel": (method_frame(7, "queue.declare", 0, "q", False, False,
-                                                False, False, False, {}),
-                                   504, "channel 7, which is not open"),
+    "method on a closed channel": (
+        method_frame(7, "queue.declare", 0, "q", False, False, False, False, False, {}),
+        504,
+        "channel 7, which is not open",
+    ),
     "channel reopened": (method_frame(1, "channel.open", ""), 504, "already open"),
     "header without publish": (header_frame(1, 5), 505, "content header on channel 1"),
-    "body without header": (method_frame(1, "basic.publish", 0, "", "q", False, False)
-                            + body_frame(1, b"abc"), 505, "without a content header"),
+    "body without header": (
+        method_frame(1, "basic.publish", 0, "", "q", False, False) + body_frame(1, b"abc"),
+        505,
+        "without a content header",
+    ),
     "body without publish": (body_frame(1, b"abc"), 505, "without a content header"),
     "method while content expected": (
         method_frame(1, "basic.publish", 0, "", "q", False, False)
-        + method_frame(1, "basic.qos", 0, 1, False), 505, "content was expected"),
+        + method_frame(1, "basic.qos", 0, 1, False),
+        505,
+        "content was expected",
+    ),
     "body longer than declared": (
-        method_frame(1, "basic.publish", 0, "", "q", False, False) + header_frame(1, 2)
-        + body_frame(1, b"abc"), 501, "longer than the 2 bytes"),
-    "publish on channel 0": (method_frame(0, "basic.publish", 0, "", "q", False, False),
-                             503, "channel 0"),
-    "deliver from a client": (method_frame(1, "basic.deliver", "t", 1, False, "", "q"),
-                              503, "sent by servers only"),
-    "channel method on channel 0": (method_frame(0, "queue.declare", 0, "q", False, False,
-                                                 False, False, False, {}),
-                                    503, "unexpected queue.declare on channel 0"),
-    "close-ok for an open channel": (method_frame(1, "channel.close_ok"), 504,
-                                     "did not close"),
-    "unknown exchange type": (method_frame(1, "exchange.declare", 0, "fz", "nosuch", False,
-                                           False, False, False, False, {}),
-                              503, "unknown exchange type"),
+        method_frame(1, "basic.publish", 0, "", "q", False, False)
+        + header_frame(1, 2)
+        + body_frame(1, b"abc"),
+        501,
+        "longer than the 2 bytes",
+    ),
+    "publish on channel 0": (
+        method_frame(0, "basic.publish", 0, "", "q", False, False),
+        503,
+        "channel 0",
+    ),
+    "deliver from a client": (
+        method_frame(1, "basic.deliver", "t", 1, False, "", "q"),
+        503,
+        "sent by servers only",
+    ),
+    "channel method on channel 0": (
+        method_frame(0, "queue.declare", 0, "q", False, False, False, False, False, {}),
+        503,
+        "unexpected queue.declare on channel 0",
+    ),
+    "close-ok for an open channel": (method_frame(1, "channel.close_ok"), 504, "did not close"),
+    "unknown exchange type": (
+        method_frame(
+            1, "exchange.declare", 0, "fz", "nosuch", False, False, False, False, False, {}
+        ),
+        503,
+        "unknown exchange type",
+    ),
 }
 
 
@@ -213,8 +262,13 @@ def test_connection_errors(broker: Any, case: str) -> None:
             assert got_code == code, text
             assert words in text, text
             assert text.split(" - ")[0] in {
-                "FRAME_ERROR", "SYNTAX_ERROR", "COMMAND_INVALID", "CHANNEL_ERROR",
-                "UNEXPECTED_FRAME", "NOT_IMPLEMENTED"}
+                "FRAME_ERROR",
+                "SYNTAX_ERROR",
+                "COMMAND_INVALID",
+                "CHANNEL_ERROR",
+                "UNEXPECTED_FRAME",
+                "NOT_IMPLEMENTED",
+            }
             assert c.wait_closed(3)
         # the other connection did not notice
         bystander_q.method(1, "queue.declare", 0, "", False, False, True, True, False, {})
@@ -235,8 +289,10 @@ def test_method_on_a_channel_the_client_closed_is_504(broker: Any) -> None:
 
 def test_frames_after_the_error_are_ignored_until_close_ok(broker: Any) -> None:
     with _client(broker) as c:
-        c.send(frame(9, 0, b"") + method_frame(1, "queue.declare", 0, "", False, False, True,
-                                                True, False, {}) * 5)
+        c.send(
+            frame(9, 0, b"")
+            + method_frame(1, "queue.declare", 0, "", False, False, True, True, False, {}) * 5
+        )
         _, name, args = c.read_method()
         assert name == "connection.close" and args[0] == 501
         c.send(method_frame(1, "basic.qos", 0, 1, False))
@@ -297,18 +353,23 @@ def test_oversize_message_is_a_channel_error(broker_factory: Any) -> None:
         c.expect("basic.get_ok")
 
 
-@pytest.mark.parametrize("props,words", [
-    (properties_bytes(expiration="soon"), "expiration"),
-    (properties_bytes(expiration="-5"), "expiration"),
-    (properties_bytes(expiration="²"), "expiration"),
-    (b"\x10\x00", "malformed"),  # delivery_mode flag, no value
-    (b"\x20\x00\x00\x00\x00\x09\x01", "malformed"),  # headers table longer than the frame
-])
-def test_bad_properties_close_the_channel_with_406(broker: Any, props: bytes,
-                                                   words: str) -> None:
+@pytest.mark.parametrize(
+    "props,words",
+    [
+        (properties_bytes(expiration="soon"), "expiration"),
+        (properties_bytes(expiration="-5"), "expiration"),
+        (properties_bytes(expiration="²"), "expiration"),
+        (b"\x10\x00", "malformed"),  # delivery_mode flag, no value
+        (b"\x20\x00\x00\x00\x00\x09\x01", "malformed"),  # headers table longer than the frame
+    ],
+)
+def test_bad_properties_close_the_channel_with_406(broker: Any, props: bytes, words: str) -> None:
     with _client(broker) as c:
-        c.send(method_frame(1, "basic.publish", 0, "", "q", False, False)
-               + header_frame(1, 1, props) + body_frame(1, b"x"))
+        c.send(
+            method_frame(1, "basic.publish", 0, "", "q", False, False)
+            + header_frame(1, 1, props)
+            + body_frame(1, b"x")
+        )
         ch, code, text, _, _ = c.expect_channel_close()
         assert (ch, code) == (1, 406)
         assert words in text
@@ -324,8 +385,11 @@ def test_bad_headers_table_on_a_headers_exchange_is_406(broker: Any) -> None:
         _, (qname, _, _) = c.expect("queue.declare_ok")
         c.method(1, "queue.bind", 0, qname, "amq.headers", "", False, {"x-match": "any", "k": 1})
         c.expect("queue.bind_ok")
-        c.send(method_frame(1, "basic.publish", 0, "amq.headers", "", False, False)
-               + header_frame(1, 1, bad_headers) + body_frame(1, b"x"))
+        c.send(
+            method_frame(1, "basic.publish", 0, "amq.headers", "", False, False)
+            + header_frame(1, 1, bad_headers)
+            + body_frame(1, b"x")
+        )
         ch, code, text, _, _ = c.expect_channel_close()
         assert (ch, code) == (1, 406)
         assert "headers" in text
@@ -346,11 +410,24 @@ def test_garbled_headers_on_a_queued_message_do_not_crash(broker: Any, then: str
     with _client(broker) as c:
         c.method(1, "queue.declare", 0, "bad-dlq", False, False, False, True, False, {})
         c.expect("queue.declare_ok")
-        c.method(1, "queue.declare", 0, "", False, False, True, True, False,
-                 {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "bad-dlq"})
+        c.method(
+            1,
+            "queue.declare",
+            0,
+            "",
+            False,
+            False,
+            True,
+            True,
+            False,
+            {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "bad-dlq"},
+        )
         _, (qname, _, _) = c.expect("queue.declare_ok")
-        c.send(method_frame(1, "basic.publish", 0, "", qname, False, False)
-               + header_frame(1, 1, GARBLED_HEADERS) + body_frame(1, b"x"))
+        c.send(
+            method_frame(1, "basic.publish", 0, "", qname, False, False)
+            + header_frame(1, 1, GARBLED_HEADERS)
+            + body_frame(1, b"x")
+        )
         c.method(1, "basic.consume", 0, qname, "ct", False, False, False, False, {})
         c.expect("basic.consume_ok")
         deliveries = []
@@ -382,20 +459,37 @@ def test_garbled_headers_on_a_queued_message_do_not_crash(broker: Any, then: str
         c2.expect("queue.declare_ok")
 
 
-@pytest.mark.parametrize("props", [
-    GARBLED_HEADERS,
-    # x-key is a longstr holding a lone surrogate (py-amqp decodes it with surrogatepass)
-    b"\x20\x00" + b"\x00\x00\x00\x0d" + b"\x05x-keyS\x00\x00\x00\x03\xed\xa0\x80",
-], ids=["garbled", "surrogate"])
+@pytest.mark.parametrize(
+    "props",
+    [
+        GARBLED_HEADERS,
+        # x-key is a longstr holding a lone surrogate (py-amqp decodes it with surrogatepass)
+        b"\x20\x00" + b"\x00\x00\x00\x0d" + b"\x05x-keyS\x00\x00\x00\x03\xed\xa0\x80",
+    ],
+    ids=["garbled", "surrogate"],
+)
 def test_odd_x_key_on_a_key_shared_queue(broker: Any, props: bytes) -> None:
     with _client(broker) as c:
-        c.method(1, "queue.declare", 0, "", False, False, True, True, False,
-                 {"x-subscription-type": "key_shared"})
+        c.method(
+            1,
+            "queue.declare",
+            0,
+            "",
+            False,
+            False,
+            True,
+            True,
+            False,
+            {"x-subscription-type": "key_shared"},
+        )
         _, (qname, _, _) = c.expect("queue.declare_ok")
         c.method(1, "basic.consume", 0, qname, "ct", False, True, False, False, {})
         c.expect("basic.consume_ok")
-        c.send(method_frame(1, "basic.publish", 0, "", qname, False, False)
-               + header_frame(1, 1, props) + body_frame(1, b"x"))
+        c.send(
+            method_frame(1, "basic.publish", 0, "", qname, False, False)
+            + header_frame(1, 1, props)
+            + body_frame(1, b"x")
+        )
         _, name, _ = c.read_method()
         assert name == "basic.deliver"
 
@@ -408,38 +502,80 @@ def _valid_frames(rng: random.Random, n: int) -> list[bytes]:
     q = f"fz-{rng.randrange(8)}"
     ex = rng.choice(["", "amq.direct", "amq.topic", "amq.headers", "amq.fanout", "fz-ex"])
     weird = rng.choice([1, -1, "x", None, True, 2**62, {"a": 1}, [1, 2], 1.5, b"\xff"])
-    args = rng.choice([{}, {"x-message-ttl": weird}, {"x-max-length": weird},
-                       {"x-overflow": weird}, {"x-dead-letter-exchange": weird},
-                       {"x-max-priority": weird}, {"x-expires": weird},
-                       {"x-queue-type": weird}, {"x-single-active-consumer": weird},
-                       {"x-subscription-type": weird}, {"x-match": weird, "k": weird},
-                       {"x-delayed-type": weird},
-                       {b"x-\xff": weird, "x-match": "any"}])  # a key that is not UTF-8
-    props = properties_bytes(**rng.choice([
-        {}, {"delivery_mode": 2}, {"priority": rng.randrange(256)},
-        {"expiration": rng.choice(["0", "10", "x", ""])},
-        {"application_headers": {"k": weird, "x-delay": weird, "x-key": weird}},
-        {"application_headers": {b"\xfe": weird, "x-key": b"\xff"}},
-        {"content_type": "t", "message_id": "m", "timestamp": 1},
-    ]))
+    args = rng.choice(
+        [
+            {},
+            {"x-message-ttl": weird},
+            {"x-max-length": weird},
+            {"x-overflow": weird},
+            {"x-dead-letter-exchange": weird},
+            {"x-max-priority": weird},
+            {"x-expires": weird},
+            {"x-queue-type": weird},
+            {"x-single-active-consumer": weird},
+            {"x-subscription-type": weird},
+            {"x-match": weird, "k": weird},
+            {"x-delayed-type": weird},
+            {b"x-\xff": weird, "x-match": "any"},
+        ]
+    )  # a key that is not UTF-8
+    props = properties_bytes(
+        **rng.choice(
+            [
+                {},
+                {"delivery_mode": 2},
+                {"priority": rng.randrange(256)},
+                {"expiration": rng.choice(["0", "10", "x", ""])},
+                {"application_headers": {"k": weird, "x-delay": weird, "x-key": weird}},
+                {"application_headers": {b"\xfe": weird, "x-key": b"\xff"}},
+                {"content_type": "t", "message_id": "m", "timestamp": 1},
+            ]
+        )
+    )
     body = rng.randbytes(rng.choice([0, 1, 10, 5000]))
     tag = rng.randrange(0, 5)
     choices: list[Callable[[], bytes]] = [
-        lambda: method_frame(1, "queue.declare", 0, q, rng.random() < 0.2, False,
-                             rng.random() < 0.2, rng.random() < 0.5, False, args),
-        lambda: method_frame(1, "exchange.declare", 0, "fz-ex",
-                             rng.choice(["direct", "topic", "headers", "fanout",
-                                         "x-delayed-message"]),
-                             False, False, True, False, False, args),
-        lambda: method_frame(1, "queue.bind", 0, q, ex, rng.choice(["k", "#", "*.x"]), False,
-                             args),
+        lambda: method_frame(
+            1,
+            "queue.declare",
+            0,
+            q,
+            rng.random() < 0.2,
+            False,
+            rng.random() < 0.2,
+            rng.random() < 0.5,
+            False,
+            args,
+        ),
+        lambda: method_frame(
+            1,
+            "exchange.declare",
+            0,
+            "fz-ex",
+            rng.choice(["direct", "topic", "headers", "fanout", "x-delayed-message"]),
+            False,
+            False,
+            True,
+            False,
+            False,
+            args,
+        ),
+        lambda: method_frame(1, "queue.bind", 0, q, ex, rng.choice(["k", "#", "*.x"]), False, args),
         lambda: method_frame(1, "queue.unbind", 0, q, ex, "k", args),
         lambda: method_frame(1, "exchange.bind", 0, "fz-ex", ex, "k", False, args),
-        lambda: publish_frames(1, ex, rng.choice([q, "k", "a.x"]), body, props,
-                               mandatory=rng.random() < 0.3, frame_max=4096),
+        lambda: publish_frames(
+            1,
+            ex,
+            rng.choice([q, "k", "a.x"]),
+            body,
+            props,
+            mandatory=rng.random() < 0.3,
+            frame_max=4096,
+        ),
         lambda: method_frame(1, "basic.get", 0, q, rng.random() < 0.5),
-        lambda: method_frame(1, "basic.consume", 0, q, "", False,
-                             rng.random() < 0.5, rng.random() < 0.2, False, args),
+        lambda: method_frame(
+            1, "basic.consume", 0, q, "", False, rng.random() < 0.5, rng.random() < 0.2, False, args
+        ),
         lambda: method_frame(1, "basic.cancel", "c1", False),
         lambda: method_frame(1, "basic.ack", tag, rng.random() < 0.5),
         lambda: method_frame(1, "basic.nack", tag, rng.random() < 0.5, rng.random() < 0.5),
@@ -451,8 +587,9 @@ def _valid_frames(rng: random.Random, n: int) -> list[bytes]:
         lambda: method_frame(1, rng.choice(["tx.select", "tx.commit", "tx.rollback"])),
         lambda: method_frame(1, "channel.flow", rng.random() < 0.5),
         lambda: method_frame(1, "queue.purge", 0, q, False),
-        lambda: method_frame(1, "queue.delete", 0, q, rng.random() < 0.5, rng.random() < 0.5,
-                             False),
+        lambda: method_frame(
+            1, "queue.delete", 0, q, rng.random() < 0.5, rng.random() < 0.5, False
+        ),
         lambda: method_frame(1, "exchange.delete", 0, "fz-ex", False, False),
         lambda: heartbeat_frame(),
     ]
@@ -474,15 +611,24 @@ def _mutate(rng: random.Random, data: bytes) -> bytes:
         for _ in range(rng.randint(1, 4)):
             b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
     elif kind == 1 and b:  # truncate
-        del b[rng.randrange(len(b)):]
+        del b[rng.randrange(len(b)) :]
     elif kind == 2 and len(b) >= 7:  # change the size
         size = struct.unpack_from(">I", b, 3)[0]
-        struct.pack_into(">I", b, 3, rng.choice([0, size - 1, size + 1, size * 2, 2**32 - 1,
-                                                 rng.randrange(2**32)]) & 0xFFFFFFFF)
+        struct.pack_into(
+            ">I",
+            b,
+            3,
+            rng.choice([0, size - 1, size + 1, size * 2, 2**32 - 1, rng.randrange(2**32)])
+            & 0xFFFFFFFF,
+        )
     elif kind == 3 and len(b) >= 11 and b[0] == 1:  # random class/method ids
-        struct.pack_into(">HH", b, 7, rng.choice([10, 20, 40, 50, 60, 85, 90,
-                                                  rng.randrange(65536)]),
-                         rng.choice([10, 11, 20, 40, 50, 80, rng.randrange(65536)]))
+        struct.pack_into(
+            ">HH",
+            b,
+            7,
+            rng.choice([10, 20, 40, 50, 60, 85, 90, rng.randrange(65536)]),
+            rng.choice([10, 11, 20, 40, 50, 80, rng.randrange(65536)]),
+        )
     elif kind == 4 and b:  # frame type
         b[0] = rng.choice([0, 1, 2, 3, 4, 8, rng.randrange(256)])
     elif kind == 5 and len(b) >= 3:  # channel
@@ -491,7 +637,7 @@ def _mutate(rng: random.Random, data: bytes) -> bytes:
         b += rng.randbytes(rng.randint(1, 20))
     elif kind == 7 and len(b) > 8:  # random bytes inside the payload
         i = rng.randrange(7, len(b) - 1)
-        b[i:i + 4] = rng.randbytes(4)
+        b[i : i + 4] = rng.randbytes(4)
     else:
         b = bytearray(rng.randbytes(rng.randint(1, 64)))
     return bytes(b)
@@ -505,8 +651,7 @@ def _drain(c: RawClient, marker: int, timeout: float, seen: dict[str, int]) -> N
         while time.monotonic() < deadline:
             ch, name, args = c.read_method(timeout=max(0.01, deadline - time.monotonic()))
             if name == "connection.close":
-                seen[f"connection.close {args[0]}"] = seen.get(f"connection.close {args[0]}",
-                                                               0) + 1
+                seen[f"connection.close {args[0]}"] = seen.get(f"connection.close {args[0]}", 0) + 1
                 c.method(0, "connection.close_ok")
                 return
             if name == "channel.close":
@@ -533,21 +678,41 @@ def test_fuzz_frames_then_a_normal_client_still_works(broker: Any) -> None:
             with RawClient(broker.port, timeout=2) as c:
                 stage = rng.random()
                 if stage < 0.1:  # garbage instead of a greeting
-                    c.send(_mutate(rng, PROTOCOL_HEADER + method_frame(
-                        0, "connection.start_ok", {}, "PLAIN", plain_response(), "en_US")))
+                    c.send(
+                        _mutate(
+                            rng,
+                            PROTOCOL_HEADER
+                            + method_frame(
+                                0, "connection.start_ok", {}, "PLAIN", plain_response(), "en_US"
+                            ),
+                        )
+                    )
                     frames_sent += 1
                     c.wait_closed(0.3)
                     continue
                 if stage < 0.2:  # a mutated handshake
                     c.send(PROTOCOL_HEADER)
                     c.expect("connection.start")
-                    hs = [method_frame(0, "connection.start_ok", {"capabilities": {}},
-                                       rng.choice(["PLAIN", "AMQPLAIN", "X"]), plain_response(),
-                                       "en_US"),
-                          method_frame(0, "connection.tune_ok", rng.randrange(3000),
-                                       rng.choice([0, 4096, 131072, 10**9]), rng.randrange(5)),
-                          method_frame(0, "connection.open", rng.choice(["/", "other", "nope"]),
-                                       "", False)]
+                    hs = [
+                        method_frame(
+                            0,
+                            "connection.start_ok",
+                            {"capabilities": {}},
+                            rng.choice(["PLAIN", "AMQPLAIN", "X"]),
+                            plain_response(),
+                            "en_US",
+                        ),
+                        method_frame(
+                            0,
+                            "connection.tune_ok",
+                            rng.randrange(3000),
+                            rng.choice([0, 4096, 131072, 10**9]),
+                            rng.randrange(5),
+                        ),
+                        method_frame(
+                            0, "connection.open", rng.choice(["/", "other", "nope"]), "", False
+                        ),
+                    ]
                     i = rng.randrange(3)
                     hs[i] = _mutate(rng, hs[i])
                     c.send(b"".join(hs))
@@ -569,8 +734,14 @@ def test_fuzz_frames_then_a_normal_client_still_works(broker: Any) -> None:
     print(f"fuzz: {frames_sent} frames over {conns} connections; outcomes {sorted(seen.items())}")
     assert frames_sent >= 3000, (frames_sent, conns)
     # the mix reached the error paths it is meant to reach
-    for outcome in ("connection.close 501", "connection.close 502", "connection.close 505",
-                    "connection.close 540", "channel.close 406", "marker"):
+    for outcome in (
+        "connection.close 501",
+        "connection.close 502",
+        "connection.close 505",
+        "connection.close 540",
+        "channel.close 406",
+        "marker",
+    ):
         assert seen.get(outcome), (outcome, seen)
 
     # the loop is responsive and every fuzz connection goes away

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -38,10 +37,26 @@ def celery_app(broker, tmp_path: Path):
     sys.path.insert(0, str(tmp_path))
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "pbtasks", "worker", "--pool=solo",
-         "--concurrency=1", "--hostname=pbworker@%h", "--loglevel=INFO", "--without-gossip",
-         "--without-mingle"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "pbtasks",
+            "worker",
+            "--pool=solo",
+            "--concurrency=1",
+            "--hostname=pbworker@%h",
+            "--loglevel=INFO",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         import pbtasks  # type: ignore[import-not-found]
 
@@ -72,7 +87,7 @@ def test_celery_tasks_results_and_remote_control(celery_app):
     mod, worker = celery_app
     app = mod.app
     replies = _wait_for_worker(app)
-    assert any("pbworker@" in list(r)[0] for r in replies)
+    assert any("pbworker@" in next(iter(r)) for r in replies)
 
     results = [mod.add.delay(i, i) for i in range(10)]
     assert [r.get(timeout=20) for r in results] == [2 * i for i in range(10)]
@@ -85,7 +100,7 @@ def test_celery_tasks_results_and_remote_control(celery_app):
     stats = app.control.inspect(timeout=2).stats()
     assert stats and any(k.startswith("pbworker@") for k in stats)
     revoked = app.control.revoke("no-such-task-id", reply=True, timeout=2)
-    assert revoked and "pbworker@" in list(revoked[0])[0]
+    assert revoked and "pbworker@" in next(iter(revoked[0]))
 
     # clean shutdown through the broker: the worker exits by itself
     app.control.shutdown(timeout=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 import types
@@ -96,11 +97,14 @@ def test_channel_close_counts_towards_the_limit(broker_factory):
         assert dead is not None and dead.headers["x-death"][0]["reason"] == "delivery_limit"
 
 
-@pytest.mark.parametrize("reason,setup", [
-    ("rejected", "reject"),
-    ("expired", "ttl"),
-    ("maxlen", "overflow"),
-])
+@pytest.mark.parametrize(
+    "reason,setup",
+    [
+        ("rejected", "reject"),
+        ("expired", "ttl"),
+        ("maxlen", "overflow"),
+    ],
+)
 def test_x_death_reason_for_each_trigger(broker_factory, reason, setup):
     b = broker_factory(dl_config())
     with kombu.Connection(b.url()) as conn:
@@ -124,17 +128,26 @@ def test_x_death_reason_for_each_trigger(broker_factory, reason, setup):
 
 
 def test_exponential_backoff_delays_grow_as_configured(broker_factory):
-    b = broker_factory(dl_config(
-        "<maxRedeliveries>10</maxRedeliveries>"
-        '<backoff type="exponential"><min>100ms</min><max>1s</max>'
-        "<multiplier>2</multiplier></backoff>"))
+    b = broker_factory(
+        dl_config(
+            "<maxRedeliveries>10</maxRedeliveries>"
+            '<backoff type="exponential"><min>100ms</min><max>1s</max>'
+            "<multiplier>2</multiplier></backoff>"
+        )
+    )
     times: list[float] = []
     with kombu.Connection(b.url()) as conn:
         q = declare(conn)
         publish(conn, "flaky")
-        consume_for(conn, q, lambda body, m: (times.append(time.monotonic()), m.requeue())
-                    if len(times) < 4 else m.ack(), 1.6)
-    gaps = [b2 - a for a, b2 in zip(times, times[1:])]
+        consume_for(
+            conn,
+            q,
+            lambda body, m: (
+                (times.append(time.monotonic()), m.requeue()) if len(times) < 4 else m.ack()
+            ),
+            1.6,
+        )
+    gaps = [b2 - a for a, b2 in itertools.pairwise(times)]
     assert len(gaps) == 3
     for gap, expected in zip(gaps, (0.1, 0.2, 0.4)):
         assert expected * 0.9 <= gap < expected + 0.25, gaps
@@ -146,8 +159,14 @@ def test_without_backoff_a_requeue_is_immediate(broker_factory):
     with kombu.Connection(b.url()) as conn:
         q = declare(conn)
         publish(conn, "again")
-        consume_for(conn, q, lambda body, m: (times.append(time.monotonic()), m.requeue())
-                    if len(times) < 3 else m.ack(), 0.5)
+        consume_for(
+            conn,
+            q,
+            lambda body, m: (
+                (times.append(time.monotonic()), m.requeue()) if len(times) < 3 else m.ack()
+            ),
+            0.5,
+        )
     assert len(times) >= 3 and times[2] - times[0] < 0.2
 
 
@@ -172,14 +191,21 @@ def test_a_custom_backoff_class_from_a_plugin(broker_factory):
     try:
         b = broker_factory(
             dl_config('<backoff type="linear"><param name="step" value="0.15"/></backoff>'),
-            plugins="<plugins><plugin>linear_backoff</plugin></plugins>")
+            plugins="<plugins><plugin>linear_backoff</plugin></plugins>",
+        )
         times: list[float] = []
         with kombu.Connection(b.url()) as conn:
             q = declare(conn)
             publish(conn, "x")
-            consume_for(conn, q, lambda body, m: (times.append(time.monotonic()), m.requeue())
-                        if len(times) < 3 else m.ack(), 1.2)
-        gaps = [b2 - a for a, b2 in zip(times, times[1:])]
+            consume_for(
+                conn,
+                q,
+                lambda body, m: (
+                    (times.append(time.monotonic()), m.requeue()) if len(times) < 3 else m.ack()
+                ),
+                1.2,
+            )
+        gaps = [b2 - a for a, b2 in itertools.pairwise(times)]
         assert 0.13 <= gaps[0] < 0.35 and 0.27 <= gaps[1] < 0.5, gaps
     finally:
         sys.modules.pop("linear_backoff", None)
@@ -205,7 +231,7 @@ def test_reconsume_later_with_a_delay_comes_back_to_the_same_queue(broker_factor
         publish(conn, {"n": 1}, message_id="m-1")
         consume_for(conn, q, handle, 1.6)
     assert len(got) == 2
-    (t0, first), (t1, again) = got
+    (t0, _first), (t1, again) = got
     assert 0.95 <= t1 - t0 < 1.5
     assert again.payload == {"n": 1}
     h = again.headers
@@ -258,12 +284,17 @@ def test_dead_letter_cycle_stops(broker):
         ch = conn.default_channel
         ch.exchange_declare("cycle", "fanout", durable=False, auto_delete=False)
         for name in ("ping", "pong"):
-            ch.queue_declare(name, durable=False, auto_delete=False, arguments={
-                "x-message-ttl": 20, "x-dead-letter-exchange": "cycle"})
+            ch.queue_declare(
+                name,
+                durable=False,
+                auto_delete=False,
+                arguments={"x-message-ttl": 20, "x-dead-letter-exchange": "cycle"},
+            )
         ch.queue_bind("pong", "cycle", "")
         ch.queue_bind("ping", "cycle", "")
         publish(conn, "round", queue="ping")
         time.sleep(0.5)  # with a cycle it would bounce ~25 times in this time
-        counts = broker.call(lambda: [broker.broker.vhosts["/"].queues[n].message_count
-                                      for n in ("ping", "pong")])
+        counts = broker.call(
+            lambda: [broker.broker.vhosts["/"].queues[n].message_count for n in ("ping", "pong")]
+        )
         assert counts == [0, 0]

@@ -17,8 +17,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
 
-from kill9cycle import run_cycle  # noqa: E402
-from procutil import BrokerProcess, write_config  # noqa: E402
+from kill9cycle import run_cycle
+from procutil import BrokerProcess, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -55,14 +55,18 @@ def test_kill9_cycles_lose_no_confirmed_message(tmp_path: Path) -> None:
     """20 cycles of publish-with-confirms + consume-and-ack, SIGKILL at a seeded random
     moment, restart, drain: every confirmed and unacked message is there."""
     t0 = time.monotonic()
-    results = [run_cycle(seed, tmp_path / f"cycle{seed}", kill_between=(0.05, 0.5))
-               for seed in range(KILL9_CYCLES)]
+    results = [
+        run_cycle(seed, tmp_path / f"cycle{seed}", kill_between=(0.05, 0.5))
+        for seed in range(KILL9_CYCLES)
+    ]
     elapsed = time.monotonic() - t0
     bad = [r for r in results if not r.ok]
-    summary = (f"{len(results)} cycles in {elapsed:.1f} s: confirmed "
-               f"{sum(r.confirmed for r in results)}, acked {sum(r.acked for r in results)}, "
-               f"lost {sum(len(r.lost) for r in results)}, duplicates "
-               f"{sum(r.duplicates for r in results)}")
+    summary = (
+        f"{len(results)} cycles in {elapsed:.1f} s: confirmed "
+        f"{sum(r.confirmed for r in results)}, acked {sum(r.acked for r in results)}, "
+        f"lost {sum(len(r.lost) for r in results)}, duplicates "
+        f"{sum(r.duplicates for r in results)}"
+    )
     print(summary)
     assert not bad, f"{summary}; failing: {bad[:2]}"
     assert all(r.confirmed > 0 for r in results), "a cycle was killed before any confirm"
@@ -75,8 +79,12 @@ def test_restart_keeps_durable_topology_and_drops_transient(broker_factory: Any)
     ch.exchange_declare("dx", "topic", durable=True, auto_delete=False)
     ch.exchange_declare("dx2", "direct", durable=True, auto_delete=False)
     ch.exchange_declare("tx", "fanout", durable=False, auto_delete=False)
-    ch.queue_declare("dq", durable=True, auto_delete=False,
-                     arguments={"x-subscription-type": "failover", "x-message-ttl": 60_000})
+    ch.queue_declare(
+        "dq",
+        durable=True,
+        auto_delete=False,
+        arguments={"x-subscription-type": "failover", "x-message-ttl": 60_000},
+    )
     ch.queue_declare("tq", durable=False, auto_delete=False)
     ch.queue_bind("dq", "dx", "a.*")
     ch.queue_bind("tq", "dx", "a.*")
@@ -88,18 +96,26 @@ def test_restart_keeps_durable_topology_and_drops_transient(broker_factory: Any)
     def topology() -> dict[str, Any]:
         vh = b.broker.vhosts["/"]
         dq = vh.queues["dq"]
-        return {"exchanges": sorted(n for n in vh.exchanges if n and not n.startswith("amq.")),
-                "queues": sorted(vh.queues), "dq": (dq.durable, dq.subscription_type,
-                                                    dq.message_ttl, dict(dq.arguments)),
-                "dq_bindings": sorted(dq.bindings()),
-                "e2e": sorted((b_.source.name, b_.destination.name, b_.routing_key)
-                              for b_ in vh.exchanges["dx2"].bindings.values())}
+        return {
+            "exchanges": sorted(n for n in vh.exchanges if n and not n.startswith("amq.")),
+            "queues": sorted(vh.queues),
+            "dq": (dq.durable, dq.subscription_type, dq.message_ttl, dict(dq.arguments)),
+            "dq_bindings": sorted(dq.bindings()),
+            "e2e": sorted(
+                (b_.source.name, b_.destination.name, b_.routing_key)
+                for b_ in vh.exchanges["dx2"].bindings.values()
+            ),
+        }
 
     t = b.call(topology)
     assert t["exchanges"] == ["dx", "dx2"]
     assert t["queues"] == ["dq"]
-    assert t["dq"] == (True, "failover", 60_000,
-                       {"x-subscription-type": "failover", "x-message-ttl": 60_000})
+    assert t["dq"] == (
+        True,
+        "failover",
+        60_000,
+        {"x-subscription-type": "failover", "x-message-ttl": 60_000},
+    )
     assert t["dq_bindings"] == [("dx", "topic", "a.*")]
     assert t["e2e"] == [("dx2", "dx", "k")]
     conn, ch = _channel(b.port)  # and the restored bindings route
@@ -117,8 +133,7 @@ def test_transient_messages_are_gone_after_restart(broker_factory: Any) -> None:
     for i in range(3):
         ch.basic_publish_confirm(amqp.Message(f"persistent {i}", delivery_mode=2), "", "dq")
         ch.basic_publish_confirm(amqp.Message(f"transient {i}", delivery_mode=1), "", "dq")
-        ch.basic_publish_confirm(amqp.Message(f"persistent in tq {i}", delivery_mode=2), "",
-                                 "tq")
+        ch.basic_publish_confirm(amqp.Message(f"persistent in tq {i}", delivery_mode=2), "", "tq")
     conn.close()
     b = _restart(broker_factory, b)
     conn, ch = _channel(b.port)
@@ -147,10 +162,14 @@ def test_delivery_count_and_redelivered_survive_kill9(tmp_path: Path) -> None:
         b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
         conn, ch = _channel(b.port)
         got = _drain(ch, "q")
-        assert [(m.body, m.delivery_info["redelivered"], (m.headers or {}).get(
-            "x-delivery-count")) for m in got] == [
-            ("counted", True, 1), ("delivered once", True, None),
-            ("never delivered", False, None)]
+        assert [
+            (m.body, m.delivery_info["redelivered"], (m.headers or {}).get("x-delivery-count"))
+            for m in got
+        ] == [
+            ("counted", True, 1),
+            ("delivered once", True, None),
+            ("never delivered", False, None),
+        ]
         conn.close()
     finally:
         b.kill9()
@@ -161,14 +180,21 @@ def test_delayed_message_survives_kill9_and_keeps_its_due_time(tmp_path: Path) -
     b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
     try:
         conn, ch = _channel(b.port)
-        ch.exchange_declare("later", "x-delayed-message", durable=True, auto_delete=False,
-                            arguments={"x-delayed-type": "direct"})
+        ch.exchange_declare(
+            "later",
+            "x-delayed-message",
+            durable=True,
+            auto_delete=False,
+            arguments={"x-delayed-type": "direct"},
+        )
         ch.queue_declare("q", durable=True, auto_delete=False)
         ch.queue_bind("q", "later", "k")
         t_pub = time.monotonic()
-        ch.basic_publish_confirm(amqp.Message("later", delivery_mode=2,
-                                              application_headers={"x-delay": 2500}),
-                                 "later", "k")
+        ch.basic_publish_confirm(
+            amqp.Message("later", delivery_mode=2, application_headers={"x-delay": 2500}),
+            "later",
+            "k",
+        )
         b.kill9()  # the confirm came back: it is on disk
         b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
         conn, ch = _channel(b.port)
@@ -185,16 +211,28 @@ def test_delayed_message_survives_kill9_and_keeps_its_due_time(tmp_path: Path) -
 
 
 def test_retry_queue_hold_survives_kill9_and_keeps_its_due_time(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, tmp_path / "store", vhost=(
-        '<queue name="work" durable="true"><deadLetter><retry><levels>3s</levels></retry>'
-        "</deadLetter></queue>"))
+    cfg = write_config(
+        tmp_path,
+        tmp_path / "store",
+        vhost=(
+            '<queue name="work" durable="true"><deadLetter><retry><levels>3s</levels></retry>'
+            "</deadLetter></queue>"
+        ),
+    )
     b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
     try:
         conn, ch = _channel(b.port)
         t_pub = time.monotonic()
         # what reconsume_later sends: a copy into the retry queue, level after RECONSUMETIMES
-        ch.basic_publish_confirm(amqp.Message("again", delivery_mode=2, application_headers={
-            "REAL_TOPIC": "work", "RECONSUMETIMES": 1}), "", "work-RETRY")
+        ch.basic_publish_confirm(
+            amqp.Message(
+                "again",
+                delivery_mode=2,
+                application_headers={"REAL_TOPIC": "work", "RECONSUMETIMES": 1},
+            ),
+            "",
+            "work-RETRY",
+        )
         b.kill9()  # confirmed: on disk with its due time
         b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
         conn, ch = _channel(b.port)
@@ -256,8 +294,11 @@ def test_corrupt_store_is_refused_with_a_message_naming_the_file(tmp_path: Path)
     cfg = write_config(tmp_path, store)
     proc = subprocess.run(
         [sys.executable, "-m", "broker", "run", "--config", str(cfg), "--port", "0"],
-        capture_output=True, text=True, timeout=60,
-        cwd=str(Path(__file__).resolve().parents[2]))
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
     assert proc.returncode == 2, proc.stderr
     assert f"plugbroker: {db}: the store is corrupt or unreadable" in proc.stderr
     assert "refusing to start" in proc.stderr

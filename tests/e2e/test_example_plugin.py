@@ -24,11 +24,11 @@ def example_on_path():
 
 
 def test_prefetch_policy_from_xml_shrinks_a_backlogged_consumers_window(
-        broker_factory, example_on_path):
+    broker_factory, example_on_path
+):
     import prefetch_policy
 
-    b = broker_factory(plugins="<plugins><plugin>prefetch_policy</plugin></plugins>",
-                       period="150")
+    b = broker_factory(plugins="<plugins><plugin>prefetch_policy</plugin></plugins>", period="150")
     assert "prefetch_policy" in b.running.plugins.names()
     assert "reduce-prefetch" in b.running.housekeeping.job_names()
     total = prefetch_policy.THRESHOLD + 100
@@ -38,8 +38,7 @@ def test_prefetch_policy_from_xml_shrinks_a_backlogged_consumers_window(
         with conn.Producer() as p:
             for i in range(total):
                 p.publish(i, routing_key="backlog", declare=[q])
-        consumer = conn.Consumer(q, callbacks=[lambda body, m: held.append(m)],
-                                 prefetch_count=50)
+        consumer = conn.Consumer(q, callbacks=[lambda body, m: held.append(m)], prefetch_count=50)
         with consumer:
             deadline = time.monotonic() + 3
             while len(held) < 50 and time.monotonic() < deadline:

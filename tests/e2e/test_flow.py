@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
 import amqp
 import pika
 import pytest
-from brokerutil import drain_for, drain_until  # noqa: E402
+from brokerutil import drain_for, drain_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
 
@@ -19,8 +18,9 @@ def connect(broker):
     opened: list[amqp.Connection] = []
 
     def make(**kw: Any) -> amqp.Connection:
-        c = amqp.Connection(f"127.0.0.1:{broker.port}", userid="guest", password="guest",
-                            connect_timeout=5, **kw)
+        c = amqp.Connection(
+            f"127.0.0.1:{broker.port}", userid="guest", password="guest", connect_timeout=5, **kw
+        )
         c.connect()
         opened.append(c)
         return c
@@ -32,10 +32,6 @@ def connect(broker):
             c.close()
         except Exception:
             pass
-
-
-
-
 
 
 def test_channel_flow_stops_and_resumes_deliveries(connect):
@@ -63,8 +59,9 @@ def test_channel_flow_stops_and_resumes_deliveries(connect):
 
 
 def test_channel_flow_with_pika(broker):
-    params = pika.ConnectionParameters(host="127.0.0.1", port=broker.port,
-                                       credentials=pika.PlainCredentials("guest", "guest"))
+    params = pika.ConnectionParameters(
+        host="127.0.0.1", port=broker.port, credentials=pika.PlainCredentials("guest", "guest")
+    )
     conn = pika.BlockingConnection(params)
     try:
         ch = conn.channel()
@@ -88,8 +85,10 @@ def test_channel_flow_with_pika(broker):
 
 def test_alarm_blocks_publishers_until_cleared(broker, connect):
     events: list[str] = []
-    pub = connect(on_blocked=lambda reason: events.append("blocked"),
-                  on_unblocked=lambda: events.append("unblocked"))
+    pub = connect(
+        on_blocked=lambda reason: events.append("blocked"),
+        on_unblocked=lambda: events.append("unblocked"),
+    )
     ch = pub.channel()
     ch.queue_declare("alarm-q", auto_delete=False)
     ch.basic_publish(amqp.Message("pre"), routing_key="alarm-q")
@@ -116,15 +115,16 @@ def test_alarm_blocks_publishers_until_cleared(broker, connect):
 
 
 def test_blocked_reason_reaches_pika(broker):
-    params = pika.ConnectionParameters(host="127.0.0.1", port=broker.port,
-                                       credentials=pika.PlainCredentials("guest", "guest"))
+    params = pika.ConnectionParameters(
+        host="127.0.0.1", port=broker.port, credentials=pika.PlainCredentials("guest", "guest")
+    )
     conn = pika.BlockingConnection(params)
     try:
         seen: list[tuple[str, Any]] = []
         conn.add_on_connection_blocked_callback(
-            lambda c, frame: seen.append(("blocked", frame.method.reason)))
-        conn.add_on_connection_unblocked_callback(lambda c, frame: seen.append(("unblocked",
-                                                                                None)))
+            lambda c, frame: seen.append(("blocked", frame.method.reason))
+        )
+        conn.add_on_connection_unblocked_callback(lambda c, frame: seen.append(("unblocked", None)))
         broker.call(lambda: broker.broker.set_alarm("disk"))
         deadline = time.monotonic() + 3
         while len(seen) < 1 and time.monotonic() < deadline:
@@ -141,8 +141,10 @@ def test_blocked_reason_reaches_pika(broker):
 def test_connection_that_first_publishes_during_alarm_is_blocked(broker, connect):
     broker.call(lambda: broker.broker.set_alarm("memory"))
     events: list[str] = []
-    pub = connect(on_blocked=lambda reason: events.append("blocked"),
-                  on_unblocked=lambda: events.append("unblocked"))
+    pub = connect(
+        on_blocked=lambda reason: events.append("blocked"),
+        on_unblocked=lambda: events.append("unblocked"),
+    )
     drain_until(pub, lambda: events == ["blocked"])
     ch = pub.channel()
     ch.queue_declare("alarm-late-q", auto_delete=False)
@@ -157,16 +159,19 @@ def test_connection_that_first_publishes_during_alarm_is_blocked(broker, connect
     assert wch.queue_declare("alarm-late-q", passive=True).message_count <= 1
     broker.call(lambda: broker.broker.set_alarm(None))
     drain_until(pub, lambda: events == ["blocked", "unblocked"])
-    drain_until(watcher,
-                lambda: wch.queue_declare("alarm-late-q", passive=True).message_count == 4)
+    drain_until(watcher, lambda: wch.queue_declare("alarm-late-q", passive=True).message_count == 4)
 
 
 def test_blocked_publisher_with_heartbeats_survives_a_long_alarm(broker_factory):
     b = broker_factory(limits="<limits><heartbeat>1s</heartbeat></limits>")
     events: list[str] = []
-    pub = amqp.Connection(f"127.0.0.1:{b.port}", heartbeat=1, connect_timeout=5,
-                          on_blocked=lambda reason: events.append("blocked"),
-                          on_unblocked=lambda: events.append("unblocked"))
+    pub = amqp.Connection(
+        f"127.0.0.1:{b.port}",
+        heartbeat=1,
+        connect_timeout=5,
+        on_blocked=lambda reason: events.append("blocked"),
+        on_unblocked=lambda: events.append("unblocked"),
+    )
     pub.connect()
     try:
         ch = pub.channel()
@@ -180,7 +185,7 @@ def test_blocked_publisher_with_heartbeats_survives_a_long_alarm(broker_factory)
             pub.heartbeat_tick()
             try:
                 pub.drain_events(timeout=0.2)
-            except socket.timeout:
+            except TimeoutError:
                 pass
         assert events == ["blocked"]
         b.call(lambda: b.broker.set_alarm(None))

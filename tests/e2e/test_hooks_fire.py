@@ -36,11 +36,14 @@ def recorder() -> tuple[types.ModuleType, dict[str, list[dict[str, Any]]]]:
             import inspect
 
             from broker import hookspecs
+
             params = list(inspect.signature(getattr(hookspecs, hook)).parameters)
-            src = (f"def {hook}({', '.join(params)}):\n"
-                   f"    calls[{hook!r}].append(dict({', '.join(f'{p}={p}' for p in params)}))\n")
+            src = (
+                f"def {hook}({', '.join(params)}):\n"
+                f"    calls[{hook!r}].append(dict({', '.join(f'{p}={p}' for p in params)}))\n"
+            )
             ns: dict[str, Any] = {"calls": calls}
-            exec(src, ns)  # noqa: S102 - builds a recorder with the spec's own signature
+            exec(src, ns)
             return hookimpl(ns[hook])
 
         setattr(mod, name, make(name))
@@ -94,8 +97,12 @@ def scenario(b) -> None:
             m = ch.basic_get("dl")
             ch.basic_reject(m.delivery_tag, True)
         # expired and dropped (no dead-letter target)
-        ch.queue_declare("short", durable=False, auto_delete=False,
-                         arguments={"x-message-ttl": 10, "x-max-length": 1})
+        ch.queue_declare(
+            "short",
+            durable=False,
+            auto_delete=False,
+            arguments={"x-message-ttl": 10, "x-max-length": 1},
+        )
         ch.basic_publish(amqp.Message("a"), "", "short")
         ch.basic_publish(amqp.Message("b"), "", "short")  # drops "a" (maxlen)
         time.sleep(0.05)
@@ -112,7 +119,8 @@ def scenario(b) -> None:
             ch.basic_publish(amqp.Message(str(i)), "", "iso")
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and not b.call(
-                lambda: any(c.isolated for c in b.broker.vhosts["/"].queues["iso"].consumers)):
+            lambda: any(c.isolated for c in b.broker.vhosts["/"].queues["iso"].consumers)
+        ):
             try:
                 conn.drain_events(timeout=0.05)
             except TimeoutError:

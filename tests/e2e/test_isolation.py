@@ -4,33 +4,48 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import kombu
 import pytest
 
 pytestmark = pytest.mark.e2e
 
-ISOLATION = ("<isolation><ackTimeout>300ms</ackTimeout><checkPeriod>100ms</checkPeriod>"
-             "{extra}</isolation>")
+ISOLATION = (
+    "<isolation><ackTimeout>300ms</ackTimeout><checkPeriod>100ms</checkPeriod>{extra}</isolation>"
+)
 
 
 def config(extra: str = "", subscription: str = "shared") -> str:
-    return (f'<queue name="work" subscription="{subscription}">'
-            f'{ISOLATION.format(extra=extra)}</queue>')
+    return (
+        f'<queue name="work" subscription="{subscription}">{ISOLATION.format(extra=extra)}</queue>'
+    )
 
 
 class Worker:
     """A kombu consumer on its own connection; ``acks`` decides whether its handler acks."""
 
-    def __init__(self, url: str, name: str, queue: str = "work", *, acks: bool = True,
-                 prefetch: int = 5, arguments: dict | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        queue: str = "work",
+        *,
+        acks: bool = True,
+        prefetch: int = 5,
+        arguments: dict | None = None,
+    ) -> None:
         self.name = name
         self.acks = acks
         self.conn = kombu.Connection(url)
         self.got: list[kombu.Message] = []
-        q = kombu.Queue(queue, routing_key=queue, durable=False, auto_delete=False,
-                        queue_arguments=arguments or {})
+        q = kombu.Queue(
+            queue,
+            routing_key=queue,
+            durable=False,
+            auto_delete=False,
+            queue_arguments=arguments or {},
+        )
         self.consumer = self.conn.Consumer(q, callbacks=[self._on], prefetch_count=prefetch)
         self.consumer.consume()
 
@@ -70,8 +85,9 @@ def publish(url: str, bodies: range, queue: str = "work") -> None:
 
 
 def isolated(b, queue: str = "work") -> list[str]:
-    return b.call(lambda: [c.tag for c in b.broker.vhosts["/"].queues[queue].consumers
-                           if c.isolated])
+    return b.call(
+        lambda: [c.tag for c in b.broker.vhosts["/"].queues[queue].consumers if c.isolated]
+    )
 
 
 @pytest.fixture
@@ -83,7 +99,8 @@ def workers():
 
 
 def test_scheme_1_2_3_stuck_consumer_isolated_its_messages_moved_then_released(
-        broker_factory, workers):
+    broker_factory, workers
+):
     b = broker_factory(config())
     stuck = Worker(b.url(), "stuck", acks=False)
     ok1, ok2 = Worker(b.url(), "ok1"), Worker(b.url(), "ok2")
@@ -118,15 +135,18 @@ def test_scheme_3_disconnecting_also_releases(broker_factory, workers, caplog):
     publish(b.url(), range(10))
     assert run_until([stuck, ok], lambda: len(isolated(b)) == 1)
     stuck.close()
-    assert run_until([ok], lambda: b.call(
-        lambda: len(b.broker.vhosts["/"].queues["work"].consumers)) == 1)
-    assert any("released" in r.getMessage() and "disconnected" in r.getMessage()
-               for r in caplog.records)
+    assert run_until(
+        [ok], lambda: b.call(lambda: len(b.broker.vhosts["/"].queues["work"].consumers)) == 1
+    )
+    assert any(
+        "released" in r.getMessage() and "disconnected" in r.getMessage() for r in caplog.records
+    )
     assert run_until([ok], lambda: sorted(ok.bodies()) == list(range(10)))
 
 
-def test_scheme_4_with_two_consumers_both_stuck_only_one_is_isolated(broker_factory, workers,
-                                                                      caplog):
+def test_scheme_4_with_two_consumers_both_stuck_only_one_is_isolated(
+    broker_factory, workers, caplog
+):
     caplog.set_level(logging.INFO, logger="broker.policy")
     b = broker_factory(config())
     a, c = Worker(b.url(), "a", acks=False), Worker(b.url(), "c", acks=False)
@@ -139,10 +159,10 @@ def test_scheme_4_with_two_consumers_both_stuck_only_one_is_isolated(broker_fact
 
 
 @pytest.mark.parametrize("subscription", ["key_shared", "exclusive"])
-def test_key_shared_and_exclusive_queues_are_never_isolated(broker_factory, workers,
-                                                            subscription):
-    b = broker_factory(f'<queue name="work" subscription="{subscription}"/>'
-                       + ISOLATION.format(extra=""))  # isolation as the vhost default
+def test_key_shared_and_exclusive_queues_are_never_isolated(broker_factory, workers, subscription):
+    b = broker_factory(
+        f'<queue name="work" subscription="{subscription}"/>' + ISOLATION.format(extra="")
+    )  # isolation as the vhost default
     first = Worker(b.url(), "a", acks=False)
     workers.append(first)
     if subscription == "key_shared":
@@ -163,8 +183,7 @@ def test_a_consumer_that_never_gets_a_message_is_never_isolated(broker_factory, 
     assert isolated(b) == []
 
 
-def test_late_ack_of_a_moved_message_not_yet_redelivered_counts_as_acked(broker_factory,
-                                                                          workers):
+def test_late_ack_of_a_moved_message_not_yet_redelivered_counts_as_acked(broker_factory, workers):
     b = broker_factory(config())
     stuck = Worker(b.url(), "stuck", acks=False, prefetch=3)
     busy = Worker(b.url(), "busy", acks=False, prefetch=3)  # holds its own three, acks none
@@ -172,8 +191,7 @@ def test_late_ack_of_a_moved_message_not_yet_redelivered_counts_as_acked(broker_
     publish(b.url(), range(6))
     assert run_until(workers, lambda: len(stuck.got) == 3 and len(busy.got) == 3)
     busy.got[0].ack()  # busy stays alive; stuck does not
-    assert run_until(workers, lambda: isolated(b) == [stuck.got[0].delivery_info[
-        "consumer_tag"]])
+    assert run_until(workers, lambda: isolated(b) == [stuck.got[0].delivery_info["consumer_tag"]])
     # the moved messages wait: busy's window is full
     ready = b.call(lambda: b.broker.vhosts["/"].queues["work"].ready_count)
     assert ready == 2 or ready == 3

@@ -25,13 +25,16 @@ def J_rows(table: Any) -> list[dict[str, Any]]:
 
 def files(path: Path) -> tuple[list[Path], list[Path]]:
     all_ = list(path.rglob("*.parquet"))
-    return ([p for p in all_ if not p.name.startswith(".")],
-            [p for p in all_ if p.name.startswith(".")])
+    return (
+        [p for p in all_ if not p.name.startswith(".")],
+        [p for p in all_ if p.name.startswith(".")],
+    )
 
 
 def connect(b: Any) -> amqp.Connection:
-    conn = amqp.Connection(host=f"127.0.0.1:{b.port}", userid="guest", password="guest",
-                           connect_timeout=5)
+    conn = amqp.Connection(
+        host=f"127.0.0.1:{b.port}", userid="guest", password="guest", connect_timeout=5
+    )
     conn.connect()
     return conn
 
@@ -41,8 +44,16 @@ def test_a_kombu_session_is_recorded_event_by_event(broker_factory, tmp_path):
     journal = tmp_path / "journal"
     with kombu.Connection(b.url()) as conn:
         ex = kombu.Exchange("orders", "direct", durable=False)
-        q = kombu.Queue("orders-q", ex, routing_key="new", durable=False, queue_arguments={
-            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "orders-dlq"})
+        q = kombu.Queue(
+            "orders-q",
+            ex,
+            routing_key="new",
+            durable=False,
+            queue_arguments={
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": "orders-dlq",
+            },
+        )
         dlq = kombu.Queue("orders-dlq", durable=False)
         producer = conn.Producer()
         producer.publish({"n": 0}, exchange=ex, routing_key="new", declare=[q, dlq])
@@ -69,9 +80,20 @@ def test_a_kombu_session_is_recorded_event_by_event(broker_factory, tmp_path):
     evs = rows(journal)
     kinds = [e["event"] for e in evs]
     assert kinds[0] == "journal_started" and kinds[-1] == "journal_stopped"
-    for k in ("connection_opened", "queue_declared", "queue_bound", "consumer_added",
-              "published", "delivered", "acked", "rejected", "dead_lettered",
-              "consumer_removed", "queue_deleted", "connection_closed"):
+    for k in (
+        "connection_opened",
+        "queue_declared",
+        "queue_bound",
+        "consumer_added",
+        "published",
+        "delivered",
+        "acked",
+        "rejected",
+        "dead_lettered",
+        "consumer_removed",
+        "queue_deleted",
+        "connection_closed",
+    ):
         assert k in kinds, k
     mine = [e for e in evs if e["queue"] == "orders-q"]
     published = [e for e in mine if e["event"] == "published"]
@@ -87,7 +109,10 @@ def test_a_kombu_session_is_recorded_event_by_event(broker_factory, tmp_path):
     assert rej["requeue"] is False
     [dead] = [e for e in mine if e["event"] == "dead_lettered"]
     assert (dead["message_id"], dead["reason"], dead["routing_key"]) == (
-        rej["message_id"], "rejected", "orders-dlq")
+        rej["message_id"],
+        "rejected",
+        "orders-dlq",
+    )
     [removed] = [e for e in mine if e["event"] == "consumer_removed"]
     assert removed["reason"] in ("cancel", "channel-closed", "connection-closed")
     [deleted] = [e for e in mine if e["event"] == "queue_deleted"]
@@ -101,9 +126,12 @@ def test_a_kombu_session_is_recorded_event_by_event(broker_factory, tmp_path):
 
 
 def test_slow_consumer_action_is_recorded_with_threshold_and_values(broker_factory, tmp_path):
-    b = broker_factory('<topic key="stocks.#"><consumer><messageCount>5</messageCount>'
-                       '<policy name="Delete"/></consumer></topic>', journal=True,
-                       period="600000")
+    b = broker_factory(
+        '<topic key="stocks.#"><consumer><messageCount>5</messageCount>'
+        '<policy name="Delete"/></consumer></topic>',
+        journal=True,
+        period="600000",
+    )
     with connect(b) as conn:
         ch = conn.channel()
         qname = ch.queue_declare("", exclusive=True)[0]
@@ -130,9 +158,15 @@ def test_slow_consumer_action_is_recorded_with_threshold_and_values(broker_facto
     evs = rows(tmp_path / "journal")
     actions = [e for e in evs if e["event"] == "policy_action"]
     close = next(e for e in actions if e["action"] == "CloseConsumerChannels")
-    assert (close["queue"], close["policy"], close["threshold"], close["configured"],
-            close["measured"], close["outcome"], close["code"]) == (
-        qname, "Delete", "messageCount", 5.0, 20.0, "applied", 506)
+    assert (
+        close["queue"],
+        close["policy"],
+        close["threshold"],
+        close["configured"],
+        close["measured"],
+        close["outcome"],
+        close["code"],
+    ) == (qname, "Delete", "messageCount", 5.0, 20.0, "applied", 506)
     assert "messageCount 20 (limit 5)" in close["reason"]
     assert any(e["action"] == "DeleteQueue" for e in actions)
 
@@ -165,5 +199,6 @@ def test_a_reload_turns_the_journal_on_and_off(broker_factory, tmp_path):
     evs = rows(tmp_path / "journal")
     assert any(e["event"] == "published" and e["queue"] == "after-reload" for e in evs)
     # the journal opened with an inventory of what already existed
-    assert any(e["event"] == "queue_declared" and e["reason"] == "existing" for e in evs) or \
-        any(e["event"] == "queue_declared" and e["queue"] == "after-reload" for e in evs)
+    assert any(e["event"] == "queue_declared" and e["reason"] == "existing" for e in evs) or any(
+        e["event"] == "queue_declared" and e["queue"] == "after-reload" for e in evs
+    )

@@ -24,9 +24,13 @@ def free_port() -> int:
 
 
 def start(config: Path, port: int, cwd: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "broker", "run", "--config", str(config),
-                             "--port", str(port)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "run", "--config", str(config), "--port", str(port)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -34,7 +38,7 @@ def start(config: Path, port: int, cwd: Path) -> subprocess.Popen:
             return proc
         except OSError:
             if proc.poll() is not None:
-                raise AssertionError(proc.stdout.read())  # type: ignore[union-attr]
+                raise AssertionError(proc.stdout.read()) from None  # type: ignore[union-attr]
             time.sleep(0.05)
     proc.kill()
     raise AssertionError("the broker did not start listening")
@@ -64,10 +68,16 @@ def test_default_config_sigterm_closes_clients_with_320_and_exits_cleanly(tmp_pa
 
 def test_a_bad_config_is_refused_at_start_with_file_and_line(tmp_path):
     bad = tmp_path / "bad.xml"
-    bad.write_text('<broker>\n<virtualhost name="/">\n<topic key="a.*"><consumer>'
-                   "<maessageAge>5</maessageAge></consumer></topic>\n</virtualhost></broker>")
-    res = subprocess.run([sys.executable, "-m", "broker", "run", "--config", str(bad), "--port",
-                          str(free_port())], capture_output=True, text=True, timeout=30)
+    bad.write_text(
+        '<broker>\n<virtualhost name="/">\n<topic key="a.*"><consumer>'
+        "<maessageAge>5</maessageAge></consumer></topic>\n</virtualhost></broker>"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "broker", "run", "--config", str(bad), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2
     assert f"{bad}:3" in res.stderr and "maessageAge" in res.stderr
 
@@ -75,7 +85,11 @@ def test_a_bad_config_is_refused_at_start_with_file_and_line(tmp_path):
 def test_an_unknown_plugin_is_refused_at_start(tmp_path):
     cfg = tmp_path / "p.xml"
     cfg.write_text("<broker><plugins><plugin>no_such_plugin_module</plugin></plugins></broker>")
-    res = subprocess.run([sys.executable, "-m", "broker", "check-config", str(cfg)],
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [sys.executable, "-m", "broker", "check-config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2 and "no_such_plugin_module" in res.stderr
     assert "could not be imported" in res.stderr

@@ -13,8 +13,8 @@ from typing import Any
 import amqp
 import kombu
 import pytest
-from brokerutil import drain_until  # noqa: E402
 from amqp import exceptions as ex
+from brokerutil import drain_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
 
@@ -24,8 +24,6 @@ def conn(broker):
     with kombu.Connection(broker.url(), connect_timeout=5) as c:
         c.connect()
         yield c
-
-
 
 
 def bodies(conn: kombu.Connection, queue: str, limit: int = 50) -> list[Any]:
@@ -39,15 +37,17 @@ def bodies(conn: kombu.Connection, queue: str, limit: int = 50) -> list[Any]:
     return sorted(out, key=repr)
 
 
-def bind(conn: kombu.Connection, name: str, exchange: kombu.Exchange, routing_key: str = "",
-         **kw: Any) -> kombu.Queue:
+def bind(
+    conn: kombu.Connection, name: str, exchange: kombu.Exchange, routing_key: str = "", **kw: Any
+) -> kombu.Queue:
     q = kombu.Queue(name, exchange, routing_key=routing_key, auto_delete=False, **kw)
     q(conn.default_channel).declare()
     return q
 
 
-def send(conn: kombu.Connection, body: Any, exchange: Any, routing_key: str = "", **kw: Any
-         ) -> None:
+def send(
+    conn: kombu.Connection, body: Any, exchange: Any, routing_key: str = "", **kw: Any
+) -> None:
     conn.Producer().publish(body, exchange=exchange, routing_key=routing_key, **kw)
 
 
@@ -82,14 +82,15 @@ def test_topic_exchange_wildcards(conn):
     bind(conn, "kt-hash", tx, "stocks.#")
     bind(conn, "kt-mid", tx, "#.nyse")
     bind(conn, "kt-exact", tx, "stocks.us.nyse")
-    for key in ("stocks.us.nyse", "stocks.nyse", "stocks.us.east.nyse", "bonds.us.nyse",
-                "stocks"):
+    for key in ("stocks.us.nyse", "stocks.nyse", "stocks.us.east.nyse", "bonds.us.nyse", "stocks"):
         send(conn, key, tx, key)
     assert bodies(conn, "kt-star") == ["stocks.us.nyse"]
     assert bodies(conn, "kt-hash") == sorted(
-        ["stocks.us.nyse", "stocks.nyse", "stocks.us.east.nyse", "stocks"])
+        ["stocks.us.nyse", "stocks.nyse", "stocks.us.east.nyse", "stocks"]
+    )
     assert bodies(conn, "kt-mid") == sorted(
-        ["stocks.us.nyse", "stocks.nyse", "stocks.us.east.nyse", "bonds.us.nyse"])
+        ["stocks.us.nyse", "stocks.nyse", "stocks.us.east.nyse", "bonds.us.nyse"]
+    )
     assert bodies(conn, "kt-exact") == ["stocks.us.nyse"]
 
 
@@ -117,9 +118,13 @@ def test_default_exchange_routes_by_queue_name(conn):
 
 def test_standard_amq_exchanges(conn):
     ch = conn.default_channel
-    for name, type_ in (("amq.direct", "direct"), ("amq.fanout", "fanout"),
-                        ("amq.topic", "topic"), ("amq.headers", "headers"),
-                        ("amq.match", "headers")):
+    for name, type_ in (
+        ("amq.direct", "direct"),
+        ("amq.fanout", "fanout"),
+        ("amq.topic", "topic"),
+        ("amq.headers", "headers"),
+        ("amq.match", "headers"),
+    ):
         ch.exchange_declare(name, type_, passive=True)
         ch.exchange_declare(name, type_, durable=True)  # same type: fine
     bind(conn, "k-amq-topic", kombu.Exchange("amq.topic", "topic"), "a.#")
@@ -203,10 +208,14 @@ def test_delayed_message_exchange(conn):
 
 
 def test_confirm_publish_transport_option_and_nack(broker):
-    with kombu.Connection(broker.url(), transport_options={"confirm_publish": True},
-                          connect_timeout=5) as conn:
-        q = kombu.Queue("k-conf", auto_delete=False,
-                        queue_arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+    with kombu.Connection(
+        broker.url(), transport_options={"confirm_publish": True}, connect_timeout=5
+    ) as conn:
+        q = kombu.Queue(
+            "k-conf",
+            auto_delete=False,
+            queue_arguments={"x-max-length": 2, "x-overflow": "reject-publish"},
+        )
         producer = conn.Producer()
         producer.publish("a", routing_key="k-conf", declare=[q])
         producer.publish("b", routing_key="k-conf")

@@ -7,7 +7,8 @@ exclusive queues, channel errors and transactions, all with pika's BlockingConne
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pika
 import pika.exceptions as pex
@@ -22,9 +23,14 @@ def connect(broker):
 
     def make(**kw: Any) -> pika.BlockingConnection:
         params = pika.ConnectionParameters(
-            host="127.0.0.1", port=broker.port, virtual_host="/",
-            credentials=pika.PlainCredentials("guest", "guest"), socket_timeout=5,
-            connection_attempts=1, **kw)
+            host="127.0.0.1",
+            port=broker.port,
+            virtual_host="/",
+            credentials=pika.PlainCredentials("guest", "guest"),
+            socket_timeout=5,
+            connection_attempts=1,
+            **kw,
+        )
         c = pika.BlockingConnection(params)
         opened.append(c)
         return c
@@ -38,13 +44,14 @@ def connect(broker):
             pass
 
 
-def pump_until(conn: pika.BlockingConnection, pred: Callable[[], bool],
-               timeout: float = 3.0) -> None:
+def pump_until(
+    conn: pika.BlockingConnection, pred: Callable[[], bool], timeout: float = 3.0
+) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         left = deadline - time.monotonic()
         if left <= 0:
-            raise AssertionError("condition not met within %.1f s" % timeout)
+            raise AssertionError(f"condition not met within {timeout:.1f} s")
         conn.process_data_events(time_limit=min(left, 0.1))
 
 
@@ -58,11 +65,14 @@ def test_mandatory_return_312_to_on_return_callback(connect):
     conn = connect()
     ch = conn.channel()
     returned: list[tuple[Any, Any, bytes]] = []
-    ch.add_on_return_callback(lambda c, method, props, body: returned.append((method, props,
-                                                                              body)))
-    ch.basic_publish("amq.topic", "no.such.route", b"lost",
-                     pika.BasicProperties(message_id="m-1", headers={"k": "v"}),
-                     mandatory=True)
+    ch.add_on_return_callback(lambda c, method, props, body: returned.append((method, props, body)))
+    ch.basic_publish(
+        "amq.topic",
+        "no.such.route",
+        b"lost",
+        pika.BasicProperties(message_id="m-1", headers={"k": "v"}),
+        mandatory=True,
+    )
     pump_until(conn, lambda: bool(returned))
     method, props, body = returned[0]
     assert method.reply_code == 312
@@ -91,7 +101,7 @@ def test_basic_get_and_get_empty(connect):
     ch = conn.channel()
     ch.queue_declare("pk-get")
     ch.basic_publish("", "pk-get", b"one")
-    method, props, body = ch.basic_get("pk-get")
+    method, _props, body = ch.basic_get("pk-get")
     assert body == b"one" and method.message_count == 0 and not method.redelivered
     assert ch.basic_get("pk-get") == (None, None, None)
     ch.basic_nack(method.delivery_tag, requeue=True)
@@ -252,17 +262,27 @@ def test_server_properties_capabilities(connect):
     conn = connect()
     props = conn._impl.server_properties
     caps = props["capabilities"]
-    for cap in ("publisher_confirms", "exchange_exchange_bindings", "basic.nack",
-                "consumer_cancel_notify", "connection.blocked",
-                "authentication_failure_close", "per_consumer_qos"):
+    for cap in (
+        "publisher_confirms",
+        "exchange_exchange_bindings",
+        "basic.nack",
+        "consumer_cancel_notify",
+        "connection.blocked",
+        "authentication_failure_close",
+        "per_consumer_qos",
+    ):
         assert caps.get(cap) is True, cap
     assert props["product"]
 
 
 def test_auth_failure_pika(broker):
     params = pika.ConnectionParameters(
-        host="127.0.0.1", port=broker.port, credentials=pika.PlainCredentials("guest", "bad"),
-        connection_attempts=1, socket_timeout=5)
+        host="127.0.0.1",
+        port=broker.port,
+        credentials=pika.PlainCredentials("guest", "bad"),
+        connection_attempts=1,
+        socket_timeout=5,
+    )
     with pytest.raises(pex.ProbableAuthenticationError) as info:
         pika.BlockingConnection(params)
     assert "ACCESS_REFUSED" in str(info.value)

@@ -15,9 +15,9 @@ from typing import Any
 
 import amqp
 import pytest
-from brokerutil import drain_for, drain_until  # noqa: E402
 from amqp import exceptions as ex
 from amqp.method_framing import frame_handler as default_frame_handler
+from brokerutil import drain_for, drain_until
 
 from broker.codec import ServerCodec
 
@@ -49,10 +49,6 @@ def connect(broker):
             pass
 
 
-
-
-
-
 def counts(conn: amqp.Connection, queue: str) -> tuple[int, int]:
     """(message_count, consumer_count) from a passive queue.declare on a fresh channel."""
     ch = conn.channel()
@@ -63,14 +59,14 @@ def counts(conn: amqp.Connection, queue: str) -> tuple[int, int]:
         ch.close()
 
 
-def basic_nack(ch: amqp.Channel, tag: int, multiple: bool = False, requeue: bool = True
-               ) -> None:
+def basic_nack(ch: amqp.Channel, tag: int, multiple: bool = False, requeue: bool = True) -> None:
     """py-amqp has no basic_nack method; send the frame ourselves."""
     ch.send_method(amqp.spec.Basic.Nack, "Lbb", (tag, multiple, requeue))
 
 
-def publish(ch: amqp.Channel, body: Any, routing_key: str, exchange: str = "", **props: Any
-            ) -> None:
+def publish(
+    ch: amqp.Channel, body: Any, routing_key: str, exchange: str = "", **props: Any
+) -> None:
     ch.basic_publish(amqp.Message(body, **props), exchange=exchange, routing_key=routing_key)
 
 
@@ -141,11 +137,13 @@ def test_mandatory_unroutable_is_returned_with_312(connect):
     conn = connect()
     ch = conn.channel()
     returned: list[tuple[Any, str, str, amqp.Message]] = []
-    ch.events["basic_return"].add(lambda exc, exch, rk, msg: returned.append((exc, exch, rk,
-                                                                              msg)))
-    ch.basic_publish(amqp.Message("lost", content_type="text/plain",
-                                  application_headers={"h": 1}),
-                     exchange="amq.direct", routing_key="nobody-home", mandatory=True)
+    ch.events["basic_return"].add(lambda exc, exch, rk, msg: returned.append((exc, exch, rk, msg)))
+    ch.basic_publish(
+        amqp.Message("lost", content_type="text/plain", application_headers={"h": 1}),
+        exchange="amq.direct",
+        routing_key="nobody-home",
+        mandatory=True,
+    )
     drain_until(conn, lambda: bool(returned))
     exc, exch, rk, msg = returned[0]
     assert exc.reply_code == 312
@@ -302,11 +300,13 @@ def test_exclusive_queue_locked_and_deleted_with_owner(connect):
     och = owner.channel()
     och.queue_declare("excl-q", exclusive=True)
     publish(och, "mine", "excl-q")
-    for attempt in (lambda c: c.queue_declare("excl-q", passive=True),
-                    lambda c: c.queue_declare("excl-q"),
-                    lambda c: c.basic_consume("excl-q", callback=lambda m: None),
-                    lambda c: c.basic_get("excl-q"),
-                    lambda c: c.queue_delete("excl-q")):
+    for attempt in (
+        lambda c: c.queue_declare("excl-q", passive=True),
+        lambda c: c.queue_declare("excl-q"),
+        lambda c: c.basic_consume("excl-q", callback=lambda m: None),
+        lambda c: c.basic_get("excl-q"),
+        lambda c: c.queue_delete("excl-q"),
+    ):
         ch = other.channel()
         with pytest.raises(ex.ResourceLocked) as info:
             attempt(ch)
@@ -536,7 +536,7 @@ def test_heartbeat_negotiated_and_client_that_ticks_stays_connected(broker_facto
         conn.heartbeat_tick()
         try:
             conn.drain_events(timeout=0.2)
-        except socket.timeout:
+        except TimeoutError:
             pass
     assert conn.bytes_recv > recv_before  # the broker sent heartbeats while idle
     assert ch.queue_declare("hb-q", passive=True).queue == "hb-q"
@@ -571,8 +571,16 @@ def test_silent_client_is_dropped_after_two_heartbeat_intervals(broker_factory):
     try:
         sock.sendall(b"AMQP\x00\x00\x09\x01")
         assert _method_id(_read_frame(sock)[2]) == (10, 10)  # start
-        sock.sendall(ServerCodec.encode_method(0, "connection.start_ok", {"product": "raw"},
-                                               "PLAIN", b"\x00guest\x00guest", "en_US"))
+        sock.sendall(
+            ServerCodec.encode_method(
+                0,
+                "connection.start_ok",
+                {"product": "raw"},
+                "PLAIN",
+                b"\x00guest\x00guest",
+                "en_US",
+            )
+        )
         ftype, _, payload = _read_frame(sock)
         assert _method_id(payload) == (10, 30)  # tune
         _chmax, _fmax, hb = struct.unpack(">HIH", payload[4:12])
@@ -620,8 +628,10 @@ def test_heartbeat_zero_is_accepted(broker_factory, connect):
 
 def test_connection_blocked_and_unblocked(broker, connect):
     events: list[tuple[str, Any]] = []
-    conn = connect(on_blocked=lambda reason: events.append(("blocked", reason)),
-                   on_unblocked=lambda: events.append(("unblocked", None)))
+    conn = connect(
+        on_blocked=lambda reason: events.append(("blocked", reason)),
+        on_unblocked=lambda: events.append(("unblocked", None)),
+    )
     broker.call(lambda: broker.broker.set_alarm("memory"))
     drain_until(conn, lambda: len(events) >= 1)
     assert events[0][0] == "blocked"  # py-amqp does not pass the broker's reason on
@@ -639,21 +649,28 @@ def test_connection_blocked_and_unblocked(broker, connect):
 
 
 def test_authentication_failure_is_access_refused(broker):
-    c = amqp.Connection(f"127.0.0.1:{broker.port}", userid="guest", password="wrong",
-                        connect_timeout=5)
+    c = amqp.Connection(
+        f"127.0.0.1:{broker.port}", userid="guest", password="wrong", connect_timeout=5
+    )
     with pytest.raises(ex.AccessRefused) as info:
         c.connect()
     assert info.value.reply_code == 403
     assert "ACCESS_REFUSED" in info.value.reply_text
-    c2 = amqp.Connection(f"127.0.0.1:{broker.port}", userid="nobody", password="guest",
-                         connect_timeout=5)
+    c2 = amqp.Connection(
+        f"127.0.0.1:{broker.port}", userid="nobody", password="guest", connect_timeout=5
+    )
     with pytest.raises(ex.AccessRefused):
         c2.connect()
 
 
 def test_unknown_vhost_is_not_allowed(broker, connect):
-    c = amqp.Connection(f"127.0.0.1:{broker.port}", userid="guest", password="guest",
-                        virtual_host="missing-vhost", connect_timeout=5)
+    c = amqp.Connection(
+        f"127.0.0.1:{broker.port}",
+        userid="guest",
+        password="guest",
+        virtual_host="missing-vhost",
+        connect_timeout=5,
+    )
     with pytest.raises(ex.NotAllowed) as info:
         c.connect()
     assert info.value.reply_code == 530
@@ -686,7 +703,7 @@ def test_graceful_shutdown_sends_connection_forced(broker_factory, connect):
             while time.monotonic() < deadline:
                 try:
                     conn.drain_events(timeout=0.2)
-                except socket.timeout:
+                except TimeoutError:
                     pass
         assert info.value.reply_code == 320
         assert "CONNECTION_FORCED" in info.value.reply_text
@@ -709,6 +726,7 @@ def test_content_properties_round_trip(connect):
             if frame[0] == 2:
                 raw_headers.append(bytes(frame[2]))
             return inner(frame)
+
         return on_frame
 
     conn = connect(frame_handler=recording_frame_handler)
@@ -730,10 +748,19 @@ def test_content_properties_round_trip(connect):
         "nested": {"a": {"b": {"c": [True, "deep"]}}, "empty": {}, "list": []},
     }
     props = dict(
-        content_type="application/json", content_encoding="utf-8",
-        application_headers=headers, delivery_mode=2, priority=3,
-        correlation_id="corr-1", reply_to="reply-q", expiration="60000",
-        message_id="mid-1", timestamp=1715949045, type="kind", user_id="guest", app_id="tests",
+        content_type="application/json",
+        content_encoding="utf-8",
+        application_headers=headers,
+        delivery_mode=2,
+        priority=3,
+        correlation_id="corr-1",
+        reply_to="reply-q",
+        expiration="60000",
+        message_id="mid-1",
+        timestamp=1715949045,
+        type="kind",
+        user_id="guest",
+        app_id="tests",
     )
     body = b"\x00\xffbinary body" * 100
     sent = amqp.Message(body, **props)
@@ -795,8 +822,7 @@ def test_redeclare_with_other_exclusive_flag_is_resource_locked(connect):
     ch.queue_declare("own-excl-q", exclusive=True, auto_delete=False)
     with pytest.raises(ex.ResourceLocked):
         ch.queue_declare("own-excl-q", exclusive=False, auto_delete=False)
-    assert ch.queue_declare("own-excl-q", exclusive=True, auto_delete=False).queue == \
-        "own-excl-q"
+    assert ch.queue_declare("own-excl-q", exclusive=True, auto_delete=False).queue == "own-excl-q"
 
 
 def test_invalid_expiration_is_406(connect):

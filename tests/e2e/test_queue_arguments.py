@@ -12,15 +12,16 @@ from typing import Any
 
 import amqp
 import pytest
-from brokerutil import drain_for, drain_until  # noqa: E402
+from brokerutil import drain_for, drain_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
 
 
 @pytest.fixture
 def conn(broker):
-    c = amqp.Connection(f"127.0.0.1:{broker.port}", userid="guest", password="guest",
-                        connect_timeout=5)
+    c = amqp.Connection(
+        f"127.0.0.1:{broker.port}", userid="guest", password="guest", connect_timeout=5
+    )
     c.connect()
     yield c
     try:
@@ -29,13 +30,10 @@ def conn(broker):
         pass
 
 
-
-
-
-
 def declare(ch: amqp.Channel, name: str, **arguments: Any) -> None:
-    ch.queue_declare(name, auto_delete=False,
-                     arguments={k.replace("_", "-"): v for k, v in arguments.items()})
+    ch.queue_declare(
+        name, auto_delete=False, arguments={k.replace("_", "-"): v for k, v in arguments.items()}
+    )
 
 
 def count(conn: amqp.Connection, queue: str) -> int:
@@ -46,8 +44,9 @@ def count(conn: amqp.Connection, queue: str) -> int:
         ch.close()
 
 
-def publish(ch: amqp.Channel, body: Any, routing_key: str, exchange: str = "", **props: Any
-            ) -> None:
+def publish(
+    ch: amqp.Channel, body: Any, routing_key: str, exchange: str = "", **props: Any
+) -> None:
     ch.basic_publish(amqp.Message(body, **props), exchange=exchange, routing_key=routing_key)
 
 
@@ -61,8 +60,9 @@ def get_all(ch: amqp.Channel, queue: str, limit: int = 50) -> list[amqp.Message]
     return out
 
 
-def wait_for_get(conn: amqp.Connection, ch: amqp.Channel, queue: str,
-                 timeout: float = 3.0) -> amqp.Message:
+def wait_for_get(
+    conn: amqp.Connection, ch: amqp.Channel, queue: str, timeout: float = 3.0
+) -> amqp.Message:
     box: list[amqp.Message] = []
 
     def poll() -> bool:
@@ -124,10 +124,15 @@ def test_expired_message_dead_lettered_with_x_death(conn):
     ch = conn.channel()
     dlx_setup(ch)
     ch.exchange_declare("src-ex", "direct", auto_delete=False)
-    declare(ch, "ttl-dl", x_message_ttl=100, x_dead_letter_exchange="dlx",
-            x_dead_letter_routing_key="dead")
+    declare(
+        ch,
+        "ttl-dl",
+        x_message_ttl=100,
+        x_dead_letter_exchange="dlx",
+        x_dead_letter_routing_key="dead",
+    )
     ch.queue_bind("ttl-dl", "src-ex", "orig-key")
-    before = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, microsecond=0)
+    before = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
     publish(ch, "bye", "orig-key", exchange="src-ex", application_headers={"keep": "me"})
     m = wait_for_get(conn, ch, "dlq", timeout=2)
     assert m.body == "bye"
@@ -142,8 +147,11 @@ def test_expired_message_dead_lettered_with_x_death(conn):
     assert d["exchange"] == "src-ex"
     assert d["routing-keys"] == ["orig-key"]
     assert isinstance(d["time"], dt.datetime)
-    assert before - dt.timedelta(seconds=2) <= d["time"].replace(tzinfo=None) <= \
-        before + dt.timedelta(seconds=5)
+    assert (
+        before - dt.timedelta(seconds=2)
+        <= d["time"].replace(tzinfo=None)
+        <= before + dt.timedelta(seconds=5)
+    )
     assert headers["x-first-death-reason"] == "expired"
     assert headers["x-first-death-queue"] == "ttl-dl"
     assert count(conn, "ttl-dl") == 0
@@ -174,11 +182,15 @@ def test_rejected_message_dead_lettered_and_count_increments(conn):
     assert dead.delivery_info["routing_key"] == "work-q"
     (d,) = death(dead)
     assert (d["count"], d["reason"], d["queue"], d["exchange"], d["routing-keys"]) == (
-        1, "rejected", "work-q", "", ["work-q"])
+        1,
+        "rejected",
+        "work-q",
+        "",
+        ["work-q"],
+    )
     assert dead.properties["content_type"] == "text/plain"
     # republish the dead message as a client would (a retry), fail it again: count 2
-    ch.basic_publish(amqp.Message(dead.body, **dead.properties), exchange="",
-                     routing_key="work-q")
+    ch.basic_publish(amqp.Message(dead.body, **dead.properties), exchange="", routing_key="work-q")
     m = ch.basic_get("work-q")
     ch.basic_reject(m.delivery_tag, requeue=False)
     dead2 = wait_for_get(conn, ch, "dlq")
@@ -234,8 +246,9 @@ def test_queue_with_consumer_does_not_expire(conn):
 def test_max_length_drop_head_dead_letters_maxlen(conn):
     ch = conn.channel()
     dlx_setup(ch)
-    declare(ch, "ml-q", x_max_length=2, x_dead_letter_exchange="dlx",
-            x_dead_letter_routing_key="dead")
+    declare(
+        ch, "ml-q", x_max_length=2, x_dead_letter_exchange="dlx", x_dead_letter_routing_key="dead"
+    )
     for i in range(4):
         publish(ch, f"m{i}", "ml-q")
     assert [m.body for m in get_all(ch, "ml-q")] == ["m2", "m3"]

@@ -33,8 +33,13 @@ def url(broker_factory):
 def test_the_page_shows_every_sample_verbatim():
     page = (DOCS / "retry-and-dead-letter.md").read_text()
     blocks = re.findall(r"```(?:python|xml)\n(.*?)```", page, re.S)
-    for name in ("broker.xml", "reconsume.py", "custom_names.py", "negative_ack.py",
-                 "negative_ack_dlq.py"):
+    for name in (
+        "broker.xml",
+        "reconsume.py",
+        "custom_names.py",
+        "negative_ack.py",
+        "negative_ack_dlq.py",
+    ):
         assert (EXAMPLES / name).read_text() in blocks, name
 
 

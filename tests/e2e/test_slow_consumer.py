@@ -23,14 +23,19 @@ KEY = "stocks.us.ibm"
 TEXT = "Consuming too slow."
 
 
-def topic_config(thresholds: str, policy: str = "Delete", delete_persistent: bool | None = None
-                 ) -> str:
+def topic_config(
+    thresholds: str, policy: str = "Delete", delete_persistent: bool | None = None
+) -> str:
     opts = ""
     if delete_persistent is not None:
-        opts = (f'<options><option name="delete-persistent" '
-                f'value="{str(delete_persistent).lower()}"/></options>')
-    return (f'<topic key="stocks.us.*"><consumer>{thresholds}'
-            f'<policy name="{policy}">{opts}</policy></consumer></topic>')
+        opts = (
+            f'<options><option name="delete-persistent" '
+            f'value="{str(delete_persistent).lower()}"/></options>'
+        )
+    return (
+        f'<topic key="stocks.us.*"><consumer>{thresholds}'
+        f'<policy name="{policy}">{opts}</policy></consumer></topic>'
+    )
 
 
 @pytest.fixture
@@ -39,6 +44,7 @@ def start(broker_factory):
         plugins = kw.pop("plugins", "")
         period = kw.pop("period", "600000")
         return broker_factory(topic_config(thresholds, **kw), plugins=plugins, period=period)
+
     return start
 
 
@@ -47,14 +53,21 @@ def check(b) -> None:
 
 
 def connect(b) -> amqp.Connection:
-    conn = amqp.Connection(host=f"127.0.0.1:{b.port}", userid="guest", password="guest",
-                           connect_timeout=5)
+    conn = amqp.Connection(
+        host=f"127.0.0.1:{b.port}", userid="guest", password="guest", connect_timeout=5
+    )
     conn.connect()
     return conn
 
 
-def subscribe(conn: amqp.Connection, *, durable: bool = False, name: str = "",
-              key: str = KEY, prefetch: int = 1) -> tuple[amqp.Channel, str]:
+def subscribe(
+    conn: amqp.Connection,
+    *,
+    durable: bool = False,
+    name: str = "",
+    key: str = KEY,
+    prefetch: int = 1,
+) -> tuple[amqp.Channel, str]:
     ch = conn.channel()
     if durable:
         qname = ch.queue_declare(name, durable=True, auto_delete=False)[0]
@@ -69,7 +82,7 @@ def publish(b, n: int, size: int = 10, key: str = KEY) -> None:
     with connect(b) as conn:
         ch = conn.channel()
         ch.confirm_select()
-        for i in range(n):
+        for _i in range(n):
             ch.basic_publish(amqp.Message(b"x" * size), "amq.topic", key)
 
 
@@ -106,8 +119,9 @@ def test_manual_ack_consumer_closed_with_506_queue_deleted_connection_usable(sta
         slow.basic_consume(slow_q, callback=held.append)  # never acks
         fast, fast_q = subscribe(fast_conn, prefetch=100)
         got = []
-        fast.basic_consume(fast_q, callback=lambda m: (got.append(m), m.channel.basic_ack(
-            m.delivery_tag)))
+        fast.basic_consume(
+            fast_q, callback=lambda m: (got.append(m), m.channel.basic_ack(m.delivery_tag))
+        )
         publish(b, 20)
         drain_until(fast_conn, lambda: len(got) == 20)
         drain_until(slow_conn, lambda: len(held) == 1)
@@ -129,11 +143,9 @@ def test_kombu_consumer_gets_resource_error_and_reopens_a_channel(start):
     b = start("<messageCount>5</messageCount>")
     with kombu.Connection(b.url()) as conn:
         exchange = kombu.Exchange("amq.topic", "topic", passive=True)
-        q = kombu.Queue("kombu-slow", exchange, routing_key=KEY, durable=False,
-                        auto_delete=True)
+        q = kombu.Queue("kombu-slow", exchange, routing_key=KEY, durable=False, auto_delete=True)
         held = []
-        consumer = conn.Consumer(q, callbacks=[lambda body, m: held.append(m)],
-                                 prefetch_count=1)
+        consumer = conn.Consumer(q, callbacks=[lambda body, m: held.append(m)], prefetch_count=1)
         consumer.consume()
         publish(b, 10)
         deadline = time.monotonic() + 3
@@ -150,10 +162,12 @@ def test_kombu_consumer_gets_resource_error_and_reopens_a_channel(start):
         assert err.value.reply_code == 506 and err.value.reply_text == TEXT
         channel = conn.channel()  # same kombu connection, a new channel
         producer = kombu.Producer(channel)
-        producer.publish("still-works", routing_key="kombu-after", declare=[
-            kombu.Queue("kombu-after", auto_delete=True)])
-        assert kombu.Queue("kombu-after", channel=channel).get(no_ack=True).payload == \
-            "still-works"
+        producer.publish(
+            "still-works",
+            routing_key="kombu-after",
+            declare=[kombu.Queue("kombu-after", auto_delete=True)],
+        )
+        assert kombu.Queue("kombu-after", channel=channel).get(no_ack=True).payload == "still-works"
 
 
 def test_no_ack_consumer_that_stops_reading_is_closed_on_depth(start):
@@ -234,8 +248,10 @@ def test_durable_subscription_follows_delete_persistent(start, caplog, delete_pe
             ch.basic_ack(held[0].delivery_tag)
             drain_until(conn, lambda: len(held) == 2)
             assert len(held) == 2
-            assert any("spared" in r.getMessage() and "delete-persistent" in r.getMessage()
-                       for r in caplog.records)
+            assert any(
+                "spared" in r.getMessage() and "delete-persistent" in r.getMessage()
+                for r in caplog.records
+            )
 
 
 def test_count_and_depth_together(start):
@@ -310,8 +326,11 @@ def test_custom_policy_from_the_howto_reduces_prefetch(start):
     examples = str(Path(__file__).resolve().parents[2] / "docs" / "examples")
     sys.path.insert(0, examples)
     try:
-        b = start("<messageCount>5</messageCount>", policy="ReducePrefetch",
-                  plugins="<plugins><plugin>prefetch_policy</plugin></plugins>")
+        b = start(
+            "<messageCount>5</messageCount>",
+            policy="ReducePrefetch",
+            plugins="<plugins><plugin>prefetch_policy</plugin></plugins>",
+        )
         with connect(b) as conn:
             ch, qname = subscribe(conn, prefetch=50)
             held = []
@@ -337,8 +356,9 @@ def test_operator_scenario_on_the_real_scheduler(start):
     def healthy() -> None:
         with connect(b) as conn:
             ch, qname = subscribe(conn, key="stocks.us.*", prefetch=100)
-            ch.basic_consume(qname, callback=lambda m: (got.append(m), ch.basic_ack(
-                m.delivery_tag)))
+            ch.basic_consume(
+                qname, callback=lambda m: (got.append(m), ch.basic_ack(m.delivery_tag))
+            )
             ready.set()
             while not stop.is_set():
                 try:

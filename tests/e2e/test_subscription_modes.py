@@ -26,12 +26,12 @@ def declare(ch: amqp.Channel, name: str, **args) -> None:
 
 
 def consume(ch: amqp.Channel, queue: str, sink: list, tag: str = "") -> str:
-    return ch.basic_consume(queue, consumer_tag=tag, no_ack=True,
-                            callback=lambda m: sink.append(m))
+    return ch.basic_consume(queue, consumer_tag=tag, no_ack=True, callback=lambda m: sink.append(m))
 
 
-def publish(ch: amqp.Channel, queue: str, n: int, key_header: str | None = None,
-            start: int = 0) -> None:
+def publish(
+    ch: amqp.Channel, queue: str, n: int, key_header: str | None = None, start: int = 0
+) -> None:
     for i in range(start, start + n):
         headers = {"x-key": key_header.format(i=i)} if key_header else None
         ch.basic_publish(amqp.Message(str(i), application_headers=headers), "", queue)
@@ -70,8 +70,9 @@ def test_exclusive_subscription_refuses_a_second_consumer_with_403(broker):
         assert conn.channel().queue_declare("solo", passive=True)  # connection still fine
 
 
-@pytest.mark.parametrize("args", [{"x-subscription-type": "failover"},
-                                  {"x-single-active-consumer": True}])
+@pytest.mark.parametrize(
+    "args", [{"x-subscription-type": "failover"}, {"x-single-active-consumer": True}]
+)
 def test_failover_delivers_to_one_and_hands_over_in_subscription_order(broker, args):
     with connect(broker) as conn:
         ch = conn.channel()

@@ -9,15 +9,37 @@ from plugins.isolation import evaluate
 CFG = IsolationConfig(ack_timeout=300.0)
 
 
-def consumer(tag: str, *, unacked: int = 1, last_ack: float | None = None,
-             first: float | None = 0.0, isolated: bool = False) -> ConsumerView:
+def consumer(
+    tag: str,
+    *,
+    unacked: int = 1,
+    last_ack: float | None = None,
+    first: float | None = 0.0,
+    isolated: bool = False,
+) -> ConsumerView:
     return ConsumerView(tag, "conn-" + tag, 1, unacked, last_ack, first, isolated, 10, False)
 
 
-def queue(*consumers: ConsumerView, stype: str = "shared", cfg: IsolationConfig | None = CFG
-          ) -> QueueView:
-    return QueueView("/", "work", True, False, False, stype, 10, 100, 5, 5, 0.0, 0,
-                     tuple(consumers), (), {"isolation": cfg} if cfg else {})
+def queue(
+    *consumers: ConsumerView, stype: str = "shared", cfg: IsolationConfig | None = CFG
+) -> QueueView:
+    return QueueView(
+        "/",
+        "work",
+        True,
+        False,
+        False,
+        stype,
+        10,
+        100,
+        5,
+        5,
+        0.0,
+        0,
+        tuple(consumers),
+        (),
+        {"isolation": cfg} if cfg else {},
+    )
 
 
 def isolated_tags(actions) -> list[str]:
@@ -25,8 +47,11 @@ def isolated_tags(actions) -> list[str]:
 
 
 def test_scheme_1_consumer_without_ack_past_the_timeout_is_isolated():
-    q = queue(consumer("stuck", last_ack=0.0), consumer("ok1", last_ack=299.0),
-              consumer("ok2", last_ack=200.0))
+    q = queue(
+        consumer("stuck", last_ack=0.0),
+        consumer("ok1", last_ack=299.0),
+        consumer("ok2", last_ack=200.0),
+    )
     [a] = evaluate(Snapshot(301.0, (q,)))
     assert isinstance(a, IsolateConsumer) and a.consumer_tag == "stuck"
     assert (a.threshold, a.configured, a.measured) == ("ackTimeout", 300.0, 301.0)
@@ -39,8 +64,11 @@ def test_scheme_1_the_clock_starts_at_the_first_delivery():
 
 
 def test_scheme_2_already_isolated_consumers_are_left_alone():
-    q = queue(consumer("gone", isolated=True, unacked=0), consumer("ok", last_ack=400.0),
-              consumer("ok2", last_ack=400.0))
+    q = queue(
+        consumer("gone", isolated=True, unacked=0),
+        consumer("ok", last_ack=400.0),
+        consumer("ok2", last_ack=400.0),
+    )
     assert evaluate(Snapshot(650.0, (q,))) == []
 
 
@@ -65,8 +93,11 @@ def test_the_ratio_is_configurable():
 
 
 def test_consumer_with_nothing_unacked_is_never_isolated():
-    q = queue(consumer("idle", unacked=0, last_ack=None, first=None),
-              consumer("idle2", unacked=0, last_ack=0.0), consumer("ok", last_ack=999.0))
+    q = queue(
+        consumer("idle", unacked=0, last_ack=None, first=None),
+        consumer("idle2", unacked=0, last_ack=0.0),
+        consumer("ok", last_ack=999.0),
+    )
     assert evaluate(Snapshot(1000.0, (q,))) == []
 
 

@@ -64,34 +64,85 @@ def test_events_come_out_in_order_with_every_field(tmp_path):
     j.append((J.PUBLISHED, t, "/", "ex", "nowhere", 8, 5, (), None))
     j.append((J.DELIVERED, t + 0.5, "/", "a", "ctag", "conn#1", 2, 1, 7, 100, 0, False, False))
     j.append((J.ACKED, t + 0.75, "/", "a", "ctag", "conn#1", 2, 7, 100, 0))
-    j.append(J.action_event(t + 1, CloseConsumerChannels(
-        vhost="/", queue="b", policy="Delete", reason="messageCount 9 (limit 5)",
-        threshold="messageCount", configured=5, measured=9), "applied"))
-    j.append(J.action_event(t + 2, IsolateConsumer(
-        vhost="/", queue="a", policy="Isolation", reason="no ack", threshold="ackTimeout",
-        configured=60.0, measured=61.5, consumer_tag="ctag", connection_id="conn#1"),
-        "applied"))
+    j.append(
+        J.action_event(
+            t + 1,
+            CloseConsumerChannels(
+                vhost="/",
+                queue="b",
+                policy="Delete",
+                reason="messageCount 9 (limit 5)",
+                threshold="messageCount",
+                configured=5,
+                measured=9,
+            ),
+            "applied",
+        )
+    )
+    j.append(
+        J.action_event(
+            t + 2,
+            IsolateConsumer(
+                vhost="/",
+                queue="a",
+                policy="Isolation",
+                reason="no ack",
+                threshold="ackTimeout",
+                configured=60.0,
+                measured=61.5,
+                consumer_tag="ctag",
+                connection_id="conn#1",
+            ),
+            "applied",
+        )
+    )
     j.close()
-    rows = [r for r in J.read_journal(j.path).to_pylist()
-            if r["event"] not in ("journal_started", "journal_stopped")]
-    assert [r["event"] for r in rows] == ["published", "published", "published", "delivered",
-                                          "acked", "policy_action", "policy_action"]
+    rows = [
+        r
+        for r in J.read_journal(j.path).to_pylist()
+        if r["event"] not in ("journal_started", "journal_stopped")
+    ]
+    assert [r["event"] for r in rows] == [
+        "published",
+        "published",
+        "published",
+        "delivered",
+        "acked",
+        "policy_action",
+        "policy_action",
+    ]
     # one row per queue the message was routed to, one row with no queue when unroutable
     assert [(r["queue"], r["message_id"]) for r in rows[:3]] == [("a", 7), ("b", 7), (None, 8)]
     assert rows[2]["reason"] == "unroutable"
     d = rows[3]
-    assert (d["consumer_tag"], d["connection_id"], d["channel_id"], d["delivery_tag"],
-            d["body_size"], d["redelivered"], d["no_ack"]) == ("ctag", "conn#1", 2, 1, 100,
-                                                               False, False)
+    assert (
+        d["consumer_tag"],
+        d["connection_id"],
+        d["channel_id"],
+        d["delivery_tag"],
+        d["body_size"],
+        d["redelivered"],
+        d["no_ack"],
+    ) == ("ctag", "conn#1", 2, 1, 100, False, False)
     assert d["ts_us"] == round((t + 0.5) * 1e6)
     assert rows[4]["ts_us"] - d["ts_us"] == 250_000
     close = rows[5]
-    assert (close["policy"], close["action"], close["threshold"], close["configured"],
-            close["measured"], close["outcome"], close["code"]) == (
-        "Delete", "CloseConsumerChannels", "messageCount", 5.0, 9.0, "applied", 506)
+    assert (
+        close["policy"],
+        close["action"],
+        close["threshold"],
+        close["configured"],
+        close["measured"],
+        close["outcome"],
+        close["code"],
+    ) == ("Delete", "CloseConsumerChannels", "messageCount", 5.0, 9.0, "applied", 506)
     iso = rows[6]
     assert (iso["action"], iso["consumer_tag"], iso["connection_id"], iso["measured"]) == (
-        "IsolateConsumer", "ctag", "conn#1", 61.5)
+        "IsolateConsumer",
+        "ctag",
+        "conn#1",
+        61.5,
+    )
     seqs = [r["seq"] for r in J.read_journal(j.path).to_pylist()]
     assert seqs == sorted(seqs)
 
@@ -178,10 +229,12 @@ def test_the_recorder_hot_path_only_appends(tmp_path):
             self.vhosts: dict[str, Any] = {}
 
     rec = J.Recorder(Broker(), j)  # type: ignore[arg-type]
-    rec.broker_message_published(vhost="/", exchange="", routing_key="q", message=Msg(1),
-                                 queues=("q",))
-    rec.broker_message_acked(vhost="/", queue="q", consumer_tag="c", connection_id="x",
-                             channel_id=1, message=Msg(1))
+    rec.broker_message_published(
+        vhost="/", exchange="", routing_key="q", message=Msg(1), queues=("q",)
+    )
+    rec.broker_message_acked(
+        vhost="/", queue="q", consumer_tag="c", connection_id="x", channel_id=1, message=Msg(1)
+    )
     assert [e[0] for e in j.buffer] == [J.PUBLISHED, J.ACKED]
     assert not j.files and not j.path.exists()  # nothing was written by the hooks
 
@@ -206,14 +259,35 @@ def test_leftover_hidden_files_are_reported(tmp_path, caplog):
 @pytest.mark.parametrize("kind", sorted(J.LAYOUTS))
 def test_each_kind_converts(tmp_path, kind):
     name, layout = J.LAYOUTS[kind]
-    sample: dict[str, Any] = {"vhost": "/", "queue": "q", "exchange": "x", "routing_key": "k",
-                              "consumer_tag": "c", "connection_id": "n#1", "channel_id": 1,
-                              "message_id": 3, "delivery_tag": 4, "body_size": 5,
-                              "delivery_count": 1, "redelivered": True, "requeue": False,
-                              "no_ack": False, "durable": True, "exclusive": False,
-                              "auto_delete": False, "count": 2, "code": 200, "reason": "r",
-                              "detail": "d", "policy": "p", "action": "a", "threshold": "t",
-                              "configured": 1.0, "measured": 2.0, "outcome": "o"}
+    sample: dict[str, Any] = {
+        "vhost": "/",
+        "queue": "q",
+        "exchange": "x",
+        "routing_key": "k",
+        "consumer_tag": "c",
+        "connection_id": "n#1",
+        "channel_id": 1,
+        "message_id": 3,
+        "delivery_tag": 4,
+        "body_size": 5,
+        "delivery_count": 1,
+        "redelivered": True,
+        "requeue": False,
+        "no_ack": False,
+        "durable": True,
+        "exclusive": False,
+        "auto_delete": False,
+        "count": 2,
+        "code": 200,
+        "reason": "r",
+        "detail": "d",
+        "policy": "p",
+        "action": "a",
+        "threshold": "t",
+        "configured": 1.0,
+        "measured": 2.0,
+        "outcome": "o",
+    }
     values = tuple(sample[c] for c in layout)
     if kind == J.PUBLISHED:
         values = values[:5] + (("q",),) + values[6:]

@@ -21,19 +21,44 @@ from plugins.slow_consumer import delete_policy, evaluate, log_policy, measure
 POLICIES = {"Delete": delete_policy, "Log": log_policy}
 
 
-def cfg(policy: str = "Delete", options: dict[str, str] | None = None, **kw: Any
-        ) -> SlowConsumerConfig:
+def cfg(
+    policy: str = "Delete", options: dict[str, str] | None = None, **kw: Any
+) -> SlowConsumerConfig:
     return SlowConsumerConfig(policy=PolicyRef(policy, options or {}), **kw)
 
 
-def view(name: str = "q", *, count: int = 0, size: int = 0, ready: int | None = None,
-         oldest: float | None = None, acks: int = 0, durable: bool = False,
-         policy: SlowConsumerConfig | None = None, consumers: int = 1) -> QueueView:
-    cs = tuple(ConsumerView(f"c{i}", "conn", 1, 0, None, None, False, 0, False)
-               for i in range(consumers))
-    return QueueView("/", name, durable, False, False, "shared", count, size,
-                     count if ready is None else ready, 0, oldest, acks, cs, (),
-                     {"consumer": policy} if policy else {})
+def view(
+    name: str = "q",
+    *,
+    count: int = 0,
+    size: int = 0,
+    ready: int | None = None,
+    oldest: float | None = None,
+    acks: int = 0,
+    durable: bool = False,
+    policy: SlowConsumerConfig | None = None,
+    consumers: int = 1,
+) -> QueueView:
+    cs = tuple(
+        ConsumerView(f"c{i}", "conn", 1, 0, None, None, False, 0, False) for i in range(consumers)
+    )
+    return QueueView(
+        "/",
+        name,
+        durable,
+        False,
+        False,
+        "shared",
+        count,
+        size,
+        count if ready is None else ready,
+        0,
+        oldest,
+        acks,
+        cs,
+        (),
+        {"consumer": policy} if policy else {},
+    )
 
 
 def test_thresholds_absent_from_the_element_are_not_checked():
@@ -41,11 +66,14 @@ def test_thresholds_absent_from_the_element_are_not_checked():
     assert measure(cfg(message_count=None), q, 10**6, None) == ()
 
 
-@pytest.mark.parametrize("kw,q,name", [
-    ({"message_count": 50}, view(count=51), "messageCount"),
-    ({"depth": 1024}, view(count=1, size=1025), "depth"),
-    ({"message_age": 600.0}, view(count=1, oldest=0.0), "messageAge"),
-])
+@pytest.mark.parametrize(
+    "kw,q,name",
+    [
+        ({"message_count": 50}, view(count=51), "messageCount"),
+        ({"depth": 1024}, view(count=1, size=1025), "depth"),
+        ({"message_age": 600.0}, view(count=1, oldest=0.0), "messageAge"),
+    ],
+)
 def test_each_threshold_alone_triggers_just_above_its_limit(kw, q, name):
     [b] = measure(cfg(**kw), q, 600.5, None)
     assert b.threshold == name
@@ -66,7 +94,9 @@ def test_count_and_depth_together_as_in_the_seed():
     [b] = measure(both, view(count=10, size=10 * 200), 0.0, None)  # oversize total
     assert (b.threshold, b.configured, b.measured) == ("depth", 1024, 2000)
     assert [x.threshold for x in measure(both, view(count=11, size=5000), 0.0, None)] == [
-        "depth", "messageCount"]
+        "depth",
+        "messageCount",
+    ]
 
 
 def test_rate_is_judged_over_the_last_period_and_only_with_a_backlog():
@@ -104,10 +134,13 @@ def test_durable_queue_is_spared_unless_delete_persistent():
     q = view(count=51, durable=True, policy=cfg(message_count=50))
     [spared] = evaluate(Snapshot(0.0, (q,)), {}, POLICIES.__getitem__)
     assert isinstance(spared, Spared) and "delete-persistent" in spared.reason
-    q2 = view(count=51, durable=True,
-              policy=cfg(message_count=50, options={"delete-persistent": "true"}))
+    q2 = view(
+        count=51, durable=True, policy=cfg(message_count=50, options={"delete-persistent": "true"})
+    )
     assert [type(a) for a in evaluate(Snapshot(0.0, (q2,)), {}, POLICIES.__getitem__)] == [
-        CloseConsumerChannels, DeleteQueue]
+        CloseConsumerChannels,
+        DeleteQueue,
+    ]
 
 
 def test_log_policy_only_records():

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from procutil import BrokerProcess, free_port, write_config  # noqa: E402
+from procutil import BrokerProcess, free_port, write_config
 
 QUEUE = "k9"
 
@@ -82,8 +82,9 @@ def client_publish(port: int, out: Path, window: int = 200) -> None:
     except Exception as exc:  # the broker was killed: that is the point
         error = f"{type(exc).__name__}: {exc}"
     finally:
-        out.write_text(json.dumps({"sent": sent, "confirmed": confirmed, "nacked": nacked,
-                                   "error": error}))
+        out.write_text(
+            json.dumps({"sent": sent, "confirmed": confirmed, "nacked": nacked, "error": error})
+        )
 
 
 def client_consume(port: int, out: Path, prefetch: int = 50) -> None:
@@ -111,8 +112,11 @@ def client_consume(port: int, out: Path, prefetch: int = 50) -> None:
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     finally:
-        out.write_text(json.dumps({"delivered": delivered, "acked": acked,
-                                   "redelivered": redelivered, "error": error}))
+        out.write_text(
+            json.dumps(
+                {"delivered": delivered, "acked": acked, "redelivered": redelivered, "error": error}
+            )
+        )
 
 
 def drain(port: int) -> tuple[list[int], list[int]]:
@@ -165,8 +169,13 @@ class CycleResult:
         return not (self.lost or self.phantom or self.drained_twice)
 
 
-def run_cycle(seed: int, work: Path, *, kill_between: tuple[float, float] = (0.15, 0.9),
-              env: dict[str, str] | None = None) -> CycleResult:
+def run_cycle(
+    seed: int,
+    work: Path,
+    *,
+    kill_between: tuple[float, float] = (0.15, 0.9),
+    env: dict[str, str] | None = None,
+) -> CycleResult:
     t0 = time.monotonic()
     rng = random.Random(seed)
     work.mkdir(parents=True, exist_ok=True)
@@ -177,9 +186,10 @@ def run_cycle(seed: int, work: Path, *, kill_between: tuple[float, float] = (0.1
     pub_out, con_out = work / "pub.json", work / "con.json"
     here = Path(__file__).resolve()
     cenv = dict(os.environ)
-    clients = [subprocess.Popen([sys.executable, str(here), role, str(port), str(path)],
-                                env=cenv)
-               for role, path in (("publish", pub_out), ("consume", con_out))]
+    clients = [
+        subprocess.Popen([sys.executable, str(here), role, str(port), str(path)], env=cenv)
+        for role, path in (("publish", pub_out), ("consume", con_out))
+    ]
     b = BrokerProcess(cfg, port=port, log=log, env=env)
     try:
         b.start()
@@ -218,8 +228,9 @@ def run_cycle(seed: int, work: Path, *, kill_between: tuple[float, float] = (0.1
     res.drained = len(got)
     res.lost = sorted(confirmed - acked - drained)
     res.phantom = sorted(n for n in drained if not 0 <= n < pub["sent"])
-    res.drained_twice = sorted({n for n in got if got.count(n) > 1}) if len(drained) != len(
-        got) else []
+    res.drained_twice = (
+        sorted({n for n in got if got.count(n) > 1}) if len(drained) != len(got) else []
+    )
     res.duplicates = len(drained & delivered)
     res.acked_reappeared = len(drained & acked)
     res.unconfirmed_kept = len(drained - confirmed)

@@ -41,8 +41,15 @@ class BrokerProcess:
     """``python3 -m broker run --config <cfg> --port <port>``; :meth:`start` waits until it
     listens (or raises with its output if it exits first)."""
 
-    def __init__(self, config: Path, *, port: int | None = None, log: Path | None = None,
-                 env: dict[str, str] | None = None, log_level: str = "WARNING") -> None:
+    def __init__(
+        self,
+        config: Path,
+        *,
+        port: int | None = None,
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+        log_level: str = "WARNING",
+    ) -> None:
         self.config = config
         self.port = port or free_port()
         self.log = log
@@ -56,9 +63,23 @@ class BrokerProcess:
         t0 = time.monotonic()
         out = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "--log-level", self.log_level, "run", "--config",
-             str(self.config), "--port", str(self.port)],
-            stdout=subprocess.PIPE, stderr=out, env=self.env, cwd=str(ROOT))
+            [
+                sys.executable,
+                "-m",
+                "broker",
+                "--log-level",
+                self.log_level,
+                "run",
+                "--config",
+                str(self.config),
+                "--port",
+                str(self.port),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=out,
+            env=self.env,
+            cwd=str(ROOT),
+        )
         assert self.proc.stdout is not None
         line = b""
         while time.monotonic() - t0 < timeout:

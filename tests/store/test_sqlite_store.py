@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -60,8 +61,9 @@ class World:
         self.store = SQLiteStore(self.path)
         self.timers = Timers(self.clock)
         self.vh = VirtualHost("/", clock=self.clock, timers=self.timers, store=self.store)
-        self.broker = SimpleNamespace(clock=self.clock, vhosts={"/": self.vh},
-                                      set_alarm=lambda reason: None)
+        self.broker = SimpleNamespace(
+            clock=self.clock, vhosts={"/": self.vh}, set_alarm=lambda reason: None
+        )
         self.stats = self.store.recover(self.broker)
         self.loop = FakeLoop()
         self.store.bind_loop(self.loop)
@@ -82,17 +84,33 @@ class World:
             self.store._thread.join(5)
             self.store._db.close()
             import os
+
             os.close(self.store._lock_fd)
         self.open()
 
-    def publish(self, queue: str, body: bytes, *, persistent: bool = True,
-                exchange: str = "", headers: dict[str, Any] | None = None) -> Message:
+    def publish(
+        self,
+        queue: str,
+        body: bytes,
+        *,
+        persistent: bool = True,
+        exchange: str = "",
+        headers: dict[str, Any] | None = None,
+    ) -> Message:
         props: dict[str, Any] = {"delivery_mode": 2 if persistent else 1}
         if headers:
             props["application_headers"] = headers
         raw = P.encode(props)
-        msg = Message.from_publish(next_message_id(), exchange, queue, raw, body, len(body),
-                                   self.clock.monotonic(), self.clock.time())
+        msg = Message.from_publish(
+            next_message_id(),
+            exchange,
+            queue,
+            raw,
+            body,
+            len(body),
+            self.clock.monotonic(),
+            self.clock.time(),
+        )
         ex = self.vh.exchanges[exchange]
         if isinstance(ex, DelayedExchange):
             self.vh.hold_delayed(ex, msg, DelayedExchange.delay_of(msg))
@@ -136,7 +154,7 @@ def take_all(world: World, q: Any) -> list[Message]:
 
 
 def test_confirm_callback_runs_after_the_commit(world: World) -> None:
-    q, _ = world.vh.declare_queue("q", durable=True)
+    _q, _ = world.vh.declare_queue("q", durable=True)
     world.publish("q", b"one")
     fired: list[int] = []
     world.store.after_durable(lambda: fired.append(world.rows()[0][0]))
@@ -205,8 +223,7 @@ def test_recovery_restores_order_flags_counts_and_ids(world: World) -> None:
     assert [m.redelivered for m in msgs] == [True, True, False, False, False]
     assert [m.delivery_count for m in msgs] == [0, 1, 0, 0, 0]
     assert msgs[1].delivery_properties() != msgs[1].properties  # carries x-delivery-count
-    assert P.decode(msgs[1].delivery_properties())["application_headers"] == {
-        "x-delivery-count": 1}
+    assert P.decode(msgs[1].delivery_properties())["application_headers"] == {"x-delivery-count": 1}
     assert next_message_id() > top
 
 
@@ -254,7 +271,7 @@ def test_deleting_a_queue_deletes_its_messages(world: World) -> None:
     world.publish("q", b"x")
     world.sync()
     world.vh.delete_queue(q)
-    q2, _ = world.vh.declare_queue("q", durable=True)  # same name, a new queue
+    _q2, _ = world.vh.declare_queue("q", durable=True)  # same name, a new queue
     world.publish("q", b"y")
     world.sync()
     world.restart()
@@ -283,8 +300,9 @@ def test_dead_lettered_copy_is_kept_with_its_x_death(world: World) -> None:
 
 def test_delayed_exchange_hold_survives_restart_with_its_due_time(world: World) -> None:
     vh = world.vh
-    ex = vh.declare_exchange("later", "x-delayed-message", durable=True,
-                             arguments={"x-delayed-type": "direct"})
+    ex = vh.declare_exchange(
+        "later", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
+    )
     q, _ = vh.declare_queue("q", durable=True)
     vh.bind(ex, q, "q", {})
     world.publish("q", b"in 10 s", exchange="later", headers={"x-delay": 10_000})
@@ -332,8 +350,9 @@ def test_nack_backoff_hold_survives_restart(world: World) -> None:
     assert got[0].delivery_count == 1 and got[0].redelivered
 
 
-def test_paging_drops_deep_bodies_and_reads_them_back(world: World,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_paging_drops_deep_bodies_and_reads_them_back(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(S, "RESIDENT_BYTES", 100)
     monkeypatch.setattr(S, "RESIDENT_MIN", 10)
     monkeypatch.setattr(S, "LOAD_WINDOW", 8)
@@ -375,7 +394,7 @@ def test_recovery_pages_long_queues(world: World, monkeypatch: pytest.MonkeyPatc
     q = world.vh.queues["q"]
     assert q.ready_count == 40
     resident = [m.body for m in q.ready if m.body is not None]
-    assert resident == sent[:len(resident)] and 5 <= len(resident) < 40
+    assert resident == sent[: len(resident)] and 5 <= len(resident) < 40
     got = []
     while len(got) < 40:
         m = q.get()
@@ -387,7 +406,8 @@ def test_recovery_pages_long_queues(world: World, monkeypatch: pytest.MonkeyPatc
 
 
 def test_expiring_messages_keep_their_bodies_for_dead_lettering(
-        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(S, "RESIDENT_BYTES", 10)
     monkeypatch.setattr(S, "RESIDENT_MIN", 1)
     vh = world.vh
@@ -399,8 +419,9 @@ def test_expiring_messages_keep_their_bodies_for_dead_lettering(
     for i in range(10):
         world.publish("q", b"plain-%d" % i)
     raw = P.encode({"delivery_mode": 2, "expiration": "5000"})
-    m = Message.from_publish(next_message_id(), "", "q", raw, b"expires", 7,
-                             world.clock.monotonic(), world.clock.time())
+    m = Message.from_publish(
+        next_message_id(), "", "q", raw, b"expires", 7, world.clock.monotonic(), world.clock.time()
+    )
     vh.deliver_to_queues([q], m)
     world.sync()
     assert m.body == b"expires"  # never paged out live
@@ -417,6 +438,7 @@ def test_expiring_messages_keep_their_bodies_for_dead_lettering(
 
 # --------------------------------------------------------------------------- refusing stores
 
+
 def test_corrupt_file_is_refused_naming_it(tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.mkdir()
@@ -432,7 +454,7 @@ def test_damaged_page_is_refused(tmp_path: Path) -> None:
     store = tmp_path / "store"
     w = World(store, ManualClock())
     w.vh.declare_queue("q", durable=True)
-    for i in range(300):
+    for _i in range(300):
         w.publish("q", b"x" * 1000)
     w.sync()
     w.store.close()
@@ -468,16 +490,20 @@ def test_foreign_database_is_refused(tmp_path: Path) -> None:
         SQLiteStore(store)
 
 
-def test_older_layout_is_migrated_or_refused(tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_older_layout_is_migrated_or_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = tmp_path / "store"
     SQLiteStore(store).close()  # written as layout 1
     monkeypatch.setattr(S, "SCHEMA_VERSION", 2)
     with pytest.raises(StoreError, match="cannot migrate"):
         SQLiteStore(store)
     ran = []
-    monkeypatch.setitem(S.MIGRATIONS, 1, lambda db: ran.append(
-        db.execute("ALTER TABLE queues ADD COLUMN extra TEXT")))
+    monkeypatch.setitem(
+        S.MIGRATIONS,
+        1,
+        lambda db: ran.append(db.execute("ALTER TABLE queues ADD COLUMN extra TEXT")),
+    )
     SQLiteStore(store).close()
     assert len(ran) == 1
     db = sqlite3.connect(str(store / S.DB_NAME))

@@ -15,8 +15,14 @@ def run(url: str) -> dict:
 
     def handle(body: dict, message: kombu.Message) -> None:
         # always fails; retried 3 times (maxRedeliveries), then dead-lettered
-        outcomes.append(reconsume_later(message, retry_queue="invoices-retry",
-                                        dead_letter_queue="invoices-dlq", max_reconsume=3))
+        outcomes.append(
+            reconsume_later(
+                message,
+                retry_queue="invoices-retry",
+                dead_letter_queue="invoices-dlq",
+                max_reconsume=3,
+            )
+        )
 
     with kombu.Connection(url) as conn:
         invoices = kombu.Queue("invoices", routing_key="invoices", durable=True)
@@ -29,6 +35,7 @@ def run(url: str) -> dict:
                     conn.drain_events(timeout=0.1)
                 except TimeoutError:
                     pass
-        dead = kombu.Queue("invoices-dlq", channel=conn.default_channel,
-                           no_declare=True).get(no_ack=True)
+        dead = kombu.Queue("invoices-dlq", channel=conn.default_channel, no_declare=True).get(
+            no_ack=True
+        )
         return {"outcomes": outcomes, "body": dead.payload, "headers": dead.headers}

@@ -4,6 +4,7 @@ backoff) in broker.xml."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import kombu
@@ -24,8 +25,9 @@ def run(url: str) -> list[float]:
 
     with kombu.Connection(url) as conn:
         thumbnails = kombu.Queue("thumbnails", routing_key="thumbnails", durable=True)
-        conn.Producer().publish({"image": "cat.png"}, routing_key="thumbnails",
-                                declare=[thumbnails])
+        conn.Producer().publish(
+            {"image": "cat.png"}, routing_key="thumbnails", declare=[thumbnails]
+        )
         with conn.Consumer(thumbnails, callbacks=[handle]):
             for _ in range(30):
                 if len(times) == 3:
@@ -34,4 +36,4 @@ def run(url: str) -> list[float]:
                     conn.drain_events(timeout=0.1)
                 except TimeoutError:
                     pass
-    return [b - a for a, b in zip(times, times[1:])]
+    return [b - a for a, b in itertools.pairwise(times)]

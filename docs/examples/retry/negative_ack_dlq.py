@@ -42,11 +42,13 @@ def run(url: str) -> dict:
         dlq = kombu.Queue("payments-dlq", durable=True)
         dead = None
         for _ in range(20):
-            dead = dlq(conn.channel()).get(no_ack=True) if _exists(conn, "payments-dlq") \
-                else None
+            dead = dlq(conn.channel()).get(no_ack=True) if _exists(conn, "payments-dlq") else None
             if dead is not None:
                 break
             time.sleep(0.05)
         assert dead is not None
-        return {"counts": counts, "reason": dead.headers["x-death"][0]["reason"],
-                "headers": dead.headers}
+        return {
+            "counts": counts,
+            "reason": dead.headers["x-death"][0]["reason"],
+            "headers": dead.headers,
+        }
