@@ -28,7 +28,7 @@ from broker.app import Broker
 from broker.codec import properties as P
 from broker.config import ConfigElementRegistry, parse_config
 from broker.domain.message import Message
-from broker.domain.vhost import VirtualHost, next_message_id
+from broker.domain.vhost import VirtualHost
 
 
 def main() -> None:
@@ -68,9 +68,7 @@ def main() -> None:
         start = broker.clock.monotonic()
         for _ in range(args.messages):
             delay = args.head_start + rnd.random() * args.spread
-            m = Message.from_publish(
-                next_message_id(), "delayed", "k", raw, b"x" * 16, 16, start, 0.0
-            )
+            m = Message.from_publish(vh.ids.next(), "delayed", "k", raw, b"x" * 16, 16, start, 0.0)
             due_of[m.id] = broker.clock.monotonic() + delay  # as hold_delayed counts it
             vh.hold_delayed(ex, m, delay)  # type: ignore[arg-type]
         scheduled = time.perf_counter() - t0

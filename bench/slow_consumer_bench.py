@@ -23,7 +23,6 @@ from broker.clock import ManualClock
 from broker.codec import properties as P
 from broker.config import ConfigElementRegistry, parse_config
 from broker.domain.message import Message
-from broker.domain.vhost import next_message_id
 from plugins.slow_consumer import delete_policy, evaluate, log_policy
 
 CONFIG = """<broker><virtualhost name="/">
@@ -72,7 +71,7 @@ def main() -> None:
         for _ in range(per_queue):
             q.enqueue(
                 Message.from_publish(
-                    next_message_id(),
+                    vh.ids.next(),
                     "amq.topic",
                     f"bench.{i}",
                     raw,

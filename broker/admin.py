@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import broker as _pkg
 from broker.codec import properties as props_codec
-from broker.domain.vhost import next_message_id
+from broker.domain import fate
 
 if TYPE_CHECKING:
     from broker.app import Broker
@@ -238,33 +238,7 @@ class Admin:
         gone stay where they are."""
 
         def run() -> dict[str, Any]:
-            q = self._queue(vhost, name)
-            vh = q.vhost
-            moved: dict[str, int] = {}
-            kept = 0
-            for m in list(q.ready):
-                if limit is not None and sum(moved.values()) >= limit:
-                    break
-                origin = original_queue_of(m)
-                target = vh.queues.get(origin) if origin else None
-                if target is None or target is q or not vh.ensure_body(q, m):
-                    kept += 1
-                    continue
-                back = m.copy()
-                back.id = next_message_id()
-                back.delivery_count = 0
-                back.redelivered = False
-                back.stored = False
-                back.expires_at = None
-                back.arrival = self.broker.clock.monotonic()
-                taken, _ = vh.deliver_to_queues([target], back)
-                if not taken:  # the target refused it (overflow): it stays a dead letter
-                    kept += 1
-                    continue
-                q.ready.remove(m)
-                q.ready_bytes -= m.body_size
-                q.settle(m)
-                moved[target.name] = moved.get(target.name, 0) + 1
+            moved, kept = fate.redrive(self._queue(vhost, name), limit)
             log.info(
                 "redrive of '%s' in vhost '%s': %s moved back, %d kept",
                 name,
@@ -289,20 +263,6 @@ class Admin:
 
     def metrics(self) -> str:
         return self.on_loop(lambda: prometheus_text(self.broker))
-
-
-def original_queue_of(m: Any) -> str | None:
-    if m._hoff < 0:
-        return None
-    h = m.headers
-    real = h.get("REAL_TOPIC")
-    if isinstance(real, (str, bytes)) and real:
-        return real.decode() if isinstance(real, bytes) else real
-    deaths = h.get("x-death")
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-        q = deaths[0].get("queue")
-        return q if isinstance(q, str) else None
-    return None
 
 
 def _label(v: str) -> str:

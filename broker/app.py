@@ -15,11 +15,13 @@ import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from broker.clock import Clock, SystemClock
+from broker.domain import fate
+from broker.domain.message import MessageIds
 from broker.domain.queue import SHARED, Consumer, Queue
 from broker.domain.timers import Timers
 from broker.domain.vhost import NoHooks, VirtualHost
@@ -42,7 +44,6 @@ from broker.store import MemoryStore
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
-    from broker.domain.message import Message
     from broker.session import Connection
 
 log = logging.getLogger("broker")
@@ -67,6 +68,8 @@ class Broker:
         self.name = name
         self.clock: Clock = clock or SystemClock()
         self.timers = Timers(self.clock)
+        #: message ids of this broker (unique across its vhosts)
+        self.ids = MessageIds()
         self.hooks = hooks if hooks is not None else NoHooks()
         self.store = store if store is not None else MemoryStore()
         cl = config.limits
@@ -98,6 +101,7 @@ class Broker:
             hooks=self.hooks,
             store=self.store,
             mark_dirty=self.mark_dirty,
+            ids=self.ids,
         )
         vh.on_topology_change = self.resolve_policy
         self.vhosts[name] = vh
@@ -279,132 +283,6 @@ class Broker:
         if h is not None:
             h(broker=self, config=config)
 
-    # ------------------------------------------------------------------ message fate
-
-    def rejected(self, q: Queue, msg: Message, requeue: bool) -> None:
-        """A consumer nacked/rejected ``msg``: ask the plugins, else follow AMQP."""
-        vh = q.vhost
-        decide = self.hooks.reject_decision
-        decision = None
-        if decide is not None:
-            decision = decide(
-                vhost=vh.name,
-                queue=q.name,
-                message=msg,
-                requeue=requeue,
-                delivery_count=msg.delivery_count,
-            )
-        if decision is not None:
-            kind = decision.kind
-            if kind == "requeue":
-                self._requeue_one(q, msg, decision.delay)
-            elif kind == "dead-letter":
-                q.settle(msg)
-                vh.dead_letter(q, msg, decision.reason)
-            else:
-                q.settle(msg)
-                h = self.hooks.message_dropped
-                if h is not None:
-                    h(vhost=vh.name, queue=q.name, message=msg, reason=decision.reason)
-            return
-        if requeue:
-            delay = None
-            hd = self.hooks.redelivery_delay
-            if hd is not None:
-                delay = hd(
-                    vhost=vh.name, queue=q.name, message=msg, delivery_count=msg.delivery_count + 1
-                )
-            self._requeue_one(q, msg, delay or 0.0)
-        else:
-            q.settle(msg)
-            vh.dead_letter_or_drop(q, msg, "rejected")
-
-    def _requeue_one(self, q: Queue, msg: Message, delay: float) -> None:
-        limit = q.delivery_limit
-        if limit is not None and msg.delivery_count + 1 > limit:
-            msg.delivery_count += 1
-            q.settle(msg)
-            q.vhost.dead_letter_or_drop(q, msg, "delivery_limit")
-            return
-        if delay > 0:
-            msg.delivery_count += 1
-            q.hold_back(msg, delay)
-        else:
-            q.requeue([msg])
-        self.after_requeue(q, [msg])
-        h = self.hooks.message_redelivered
-        if h is not None:
-            h(
-                vhost=q.vhost.name,
-                queue=q.name,
-                message=msg,
-                delivery_count=msg.delivery_count,
-                reason="rejected",
-            )
-
-    def after_requeue(self, q: Queue, msgs: Sequence[Message]) -> None:
-        """Persist raised delivery counts of stored messages."""
-        if self.store.durable:
-            for m in msgs:
-                if m.stored:
-                    self.store.update_message(q, m)
-
-    # ------------------------------------------------------------------ isolation support
-
-    def isolate_consumer(self, c: Consumer) -> int:
-        """Blocklist ``c`` and requeue its unacked messages to the others; returns how many."""
-        if c.isolated:
-            return 0
-        c.isolated = True
-        ch = c.channel
-        moved: list[Message] = []
-        unacked = getattr(ch, "unacked", None)
-        if unacked is not None:
-            for tag, (msg, q, cons) in list(unacked.items()):
-                if cons is c:
-                    del unacked[tag]
-                    ch.moved[tag] = (msg, q, c)  # type: ignore[attr-defined]
-                    moved.append(msg)
-            c.unacked = 0
-        if moved:
-            c.queue.moved_waiting.update(m.id for m in moved)
-            c.queue.requeue(moved)
-            self.after_requeue(c.queue, moved)
-            h = self.hooks.message_redelivered
-            if h is not None:
-                for m in moved:
-                    h(
-                        vhost=c.queue.vhost.name,
-                        queue=c.queue.name,
-                        message=m,
-                        delivery_count=m.delivery_count,
-                        reason="consumer-isolated",
-                    )
-        return len(moved)
-
-    def release_consumer(self, c: Consumer, reason: str) -> None:
-        if not c.isolated:
-            return
-        c.isolated = False
-        c.queue.vhost.mark_dirty(c.queue)
-        policy_log.info(
-            "consumer %s on queue '%s' (vhost '%s', connection %s) released from the blocklist: %s",
-            c.tag,
-            c.queue.name,
-            c.queue.vhost.name,
-            c.channel.connection_id,
-            reason,
-        )
-        h = self.hooks.consumer_released
-        if h is not None:
-            h(
-                vhost=c.queue.vhost.name,
-                queue=c.queue.name,
-                consumer_tag=c.tag,
-                connection_id=c.channel.connection_id,
-                reason=reason,
-            )
-
     # ------------------------------------------------------------------ snapshot / actions
 
     def call_on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -580,8 +458,8 @@ class Broker:
                 or (a.configured is not None and self.clock.monotonic() - since <= a.configured)
             ):
                 return "stale"  # it acked (or lost its messages) since the snapshot
-            moved = self.isolate_consumer(c)
             now = self.clock.monotonic()
+            moved = fate.isolate(c, now)
             age = now - (c.last_ack if c.last_ack is not None else (c.first_delivery or now))
             policy_log.warning(
                 "%s: consumer %s (connection %s) isolated: no ack for %.3f s, "
@@ -592,19 +470,9 @@ class Broker:
                 age,
                 moved,
             )
-            h = self.hooks.consumer_isolated
-            if h is not None:
-                h(
-                    vhost=q.vhost.name,
-                    queue=q.name,
-                    consumer_tag=c.tag,
-                    connection_id=c.channel.connection_id,
-                    last_ack_age=age,
-                    moved=moved,
-                )
             return "applied"
         if isinstance(a, ReleaseConsumer):
-            self.release_consumer(c, a.reason)
+            fate.release(c, a.reason)
             return "applied"
         if isinstance(a, CancelConsumer):
             q.remove_consumer(c)

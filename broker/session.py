@@ -18,10 +18,10 @@ import broker
 from broker.codec import NEED_DATA, Heartbeat, Method, ProtocolHeader, Publish, ServerCodec
 from broker.codec.frames import PROTOCOL_HEADER
 from broker.codec.properties import PropertiesError
+from broker.domain import fate
 from broker.domain.exchange import DelayedExchange
 from broker.domain.message import Message
 from broker.domain.queue import EXCLUSIVE, Consumer, Queue
-from broker.domain.vhost import next_message_id
 from broker.errors import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
@@ -142,7 +142,7 @@ class Channel:
         if queue.moved_waiting:
             queue.moved_waiting.discard(msg.id)
         if consumer.no_ack:
-            queue.settle(msg)
+            fate.settle_unacked(queue, msg)
         else:
             self.unacked[tag] = (msg, queue, consumer)
             consumer.unacked += 1
@@ -226,25 +226,22 @@ class Channel:
         return [entry]
 
     def _late_settle(self, tag: int, ack: bool) -> None:
-        """An ack/nack/reject for a message taken back from this (isolated) consumer.
-
-        It is a sign of life: the consumer's ack clock restarts and it leaves the blocklist.
-        For an ack, a message nobody has received yet counts as acked and is not delivered
-        again; one already redelivered stays with its new consumer. A nack or reject changes
-        nothing more, the message was requeued already.
-        """
+        """An ack/nack/reject for a message taken back from this (isolated) consumer."""
         msg, queue, consumer = self.moved.pop(tag)
-        consumer.last_ack = self.conn.clock.monotonic()
-        if consumer.isolated:
-            self.conn.broker.release_consumer(consumer, "acked" if ack else "rejected")
-        if ack and msg.id in queue.moved_waiting and not queue.deleted and msg.id in queue.held:
-            queue.moved_waiting.discard(msg.id)
-            try:
-                queue.ready.remove(msg)
-            except ValueError:
-                return  # already delivered elsewhere
-            queue.ready_bytes -= msg.body_size
-            queue.settle(msg)
+        fate.late_settle(queue, msg, consumer, self, ack, self.conn.clock.monotonic())
+
+    def take_unacked(self, consumer: Consumer) -> list[Message]:
+        """Take back what ``consumer`` holds unacked (it is being isolated); the tags are kept
+        in :attr:`moved`, so a late ack for one of them is accepted (:meth:`_late_settle`)."""
+        unacked = self.unacked
+        moved = self.moved
+        out: list[Message] = []
+        for tag, entry in list(unacked.items()):
+            if entry[2] is consumer:
+                del unacked[tag]
+                moved[tag] = entry  # type: ignore[assignment]
+                out.append(entry[0])
+        return out
 
     def requeue_all(self, reason: str = "channel-closed") -> None:
         """Return every unacked message to its queue (channel close, recover)."""
@@ -256,19 +253,8 @@ class Channel:
                 c.unacked -= 1
             by_queue.setdefault(id(q), (q, []))[1].append(msg)
         self.unacked.clear()
-        h = self._hooks.message_redelivered
         for q, msgs in by_queue.values():
-            q.requeue(msgs)
-            if h is not None:
-                for m in msgs:
-                    h(
-                        vhost=self.vhost.name,
-                        queue=q.name,
-                        message=m,
-                        delivery_count=m.delivery_count,
-                        reason=reason,
-                    )
-            self.conn.broker.after_requeue(q, msgs)
+            fate.requeue(q, msgs, reason)
 
     def teardown(self, reason: str) -> None:
         """Cancel consumers and requeue unacked messages (the channel is going away)."""
@@ -279,8 +265,7 @@ class Channel:
         self.consumers.clear()
         self.requeue_all()
         for c in gone:
-            if c.isolated:
-                self.conn.broker.release_consumer(c, "disconnected")
+            fate.release(c, "disconnected")
             self._consumer_gone(c, reason)
         self.moved.clear()
         self.tx_ops.clear()
@@ -1009,7 +994,7 @@ class Connection:
         tag = ch.next_tag
         ch.next_tag = tag + 1
         if no_ack:
-            q.settle(m)
+            fate.settle_unacked(q, m)
         else:
             ch.unacked[tag] = (m, q, None)
             if m.stored and not m.redelivered:
@@ -1049,26 +1034,9 @@ class Connection:
         if not entries:
             return
         now = self.clock.monotonic()
-        hooks = self.broker.hooks
-        h = hooks.message_acked
+        ack = fate.ack
         for msg, q, c in entries:
-            q.settle(msg)
-            if c is not None:
-                c.unacked -= 1
-                c.last_ack = now
-                if c.isolated:
-                    self.broker.release_consumer(c, "acked")
-            if h is not None:
-                h(
-                    vhost=ch.vhost.name,
-                    queue=q.name,
-                    consumer_tag=c.tag if c else None,
-                    connection_id=self.id,
-                    channel_id=ch.id,
-                    message=msg,
-                )
-            if not q.dirty and q.ready:
-                q.vhost.mark_dirty(q)
+            ack(q, msg, c, ch, now)
         if ch.prefetch_global:
             for c in ch.consumers.values():
                 c.queue.vhost.mark_dirty(c.queue)
@@ -1097,24 +1065,8 @@ class Connection:
             # each requeue goes to the front: newest first leaves the oldest at the head
             entries.reverse()
         now = self.clock.monotonic()
-        h = self.broker.hooks.message_rejected
         for msg, q, c in entries:
-            if c is not None:
-                c.unacked -= 1
-                c.last_ack = now
-                if c.isolated:
-                    self.broker.release_consumer(c, "rejected")
-            if h is not None:
-                h(
-                    vhost=ch.vhost.name,
-                    queue=q.name,
-                    consumer_tag=c.tag if c else None,
-                    connection_id=self.id,
-                    channel_id=ch.id,
-                    message=msg,
-                    requeue=requeue,
-                )
-            self.broker.rejected(q, msg, requeue)
+            fate.reject(q, msg, c, ch, requeue, now)
 
     def _basic_recover(self, ch: Channel, a: tuple[Any, ...]) -> None:
         ch.requeue_all("recover")
@@ -1165,7 +1117,7 @@ class Connection:
         clock = self.clock
         try:
             msg = Message.from_publish(
-                next_message_id(),
+                vh.ids.next(),
                 ev.exchange,
                 ev.routing_key,
                 ev.properties,

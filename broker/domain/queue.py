@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
+from broker.domain import fate
 from broker.domain.message import Message
 
 if TYPE_CHECKING:
@@ -45,6 +46,11 @@ class ConsumerChannel(Protocol):
     def deliver(self, consumer: Consumer, msg: Message, queue: Queue) -> None: ...
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None: ...
+
+    def take_unacked(self, consumer: Consumer) -> list[Message]:
+        """Take back every message ``consumer`` holds unacked (it is being isolated); a later
+        ack for one of them is a late settle, not an error."""
+        ...
 
 
 class Consumer:
@@ -375,14 +381,18 @@ class Queue:
         self._hold_for_retry(msg, max(0.0, delay))
 
     def _forward(self, msg: Message) -> None:
+        fate.retry_due(self, msg)
+
+    def release_hold(self, msg: Message) -> bool:
+        """A retry hold ran out: let go of ``msg`` (False if the queue no longer holds it)."""
         if self.deleted or self.held.pop(msg.id, None) is None:
-            return
+            return False
         self.bytes -= msg.body_size
         self.delayed -= 1
         self.acks_total += 1
         if msg.stored:
             self.vhost.store_remove(self, msg)
-        self.vhost.forward_retry(self, msg)
+        return True
 
     def _make_room(self, msg: Message) -> bool | None:
         max_len, max_bytes = self.max_length, self.max_length_bytes
@@ -391,8 +401,7 @@ class Queue:
                 max_bytes is not None and self.ready_bytes + msg.body_size > max_bytes
             ):
                 if self.overflow == "reject-publish-dlx":
-                    msg.queue_name = self.name
-                    self.vhost.dead_letter(self, msg, "maxlen")
+                    fate.overflow(self, msg, refused=True)
                 return False
             return True
         # drop-head: make room by dropping (dead-lettering) the oldest ready messages
@@ -403,10 +412,9 @@ class Queue:
             head = self.ready.popleft()
             self.ready_bytes -= head.body_size
             self._forget(head)
-            self.vhost.discard(self, head, "maxlen")
+            fate.overflow(self, head, refused=False)
         if max_len == 0 or (max_bytes is not None and msg.body_size > max_bytes):
-            msg.queue_name = self.name
-            self.vhost.discard(self, msg, "maxlen")
+            fate.overflow(self, msg, refused=False)
             return None
         return True
 
@@ -421,24 +429,19 @@ class Queue:
         self.acks_total += 1
         self._forget(msg)
 
-    def requeue(self, msgs: list[Message], *, count: bool = True) -> None:
+    def requeue(self, msgs: Sequence[Message], *, count: bool = True) -> None:
         """Delivered messages come back to the front, redelivered (and counted).
 
-        A message whose count would pass the queue's delivery limit is dead-lettered with
-        reason ``delivery_limit`` instead (PIP-22's redelivery tracker, on every requeue path).
+        A primitive: the delivery limit is :func:`broker.domain.fate.requeue`'s to apply, which
+        is what every requeue path calls.
         """
         live = []
-        limit = self.delivery_limit
         for m in msgs:
             if m.id not in self.held or self.deleted:
                 continue
             m.redelivered = True
             if count:
                 m.delivery_count += 1
-                if limit is not None and m.delivery_count > limit:
-                    self.settle(m)
-                    self.vhost.dead_letter_or_drop(self, m, "delivery_limit")
-                    continue
             live.append(m)
             self.ready_bytes += m.body_size
         if live:
@@ -463,6 +466,15 @@ class Queue:
         if msg.stored:
             self.vhost.store.hold_message(self, msg, delay)
         self.vhost.timers.call_later(delay, self.make_visible, msg)
+
+    def take_ready(self, msg: Message) -> bool:
+        """Take ``msg`` out of the ready list (a late ack, a redrive); False if it is not there."""
+        try:
+            self.ready.remove(msg)
+        except ValueError:
+            return False
+        self.ready_bytes -= msg.body_size
+        return True
 
     def get(self) -> Message | None:
         """Take the next ready message for basic.get (expired heads are dropped first)."""
@@ -512,7 +524,7 @@ class Queue:
             ready.popleft()
             self.ready_bytes -= head.body_size
             self._forget(head)
-            self.vhost.expire(self, head)
+            fate.expire(self, head)
             head = ready.peek()
 
     def touch(self) -> None:
@@ -630,7 +642,7 @@ class Queue:
                 m = self._take()
                 if m.expires_at is not None and m.expires_at <= self.vhost.clock.monotonic():
                     self._forget(m)
-                    self.vhost.expire(self, m)
+                    fate.expire(self, m)
                     continue
                 c.channel.deliver(c, m, self)
                 idle = 0

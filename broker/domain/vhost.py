@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
-import itertools
 import logging
 import secrets
 from collections.abc import Callable
@@ -17,7 +15,7 @@ from broker.domain.exchange import (
     DirectExchange,
     Exchange,
 )
-from broker.domain.message import Message
+from broker.domain.message import Message, MessageIds
 from broker.domain.queue import (
     EXCLUSIVE,
     FAILOVER,
@@ -56,19 +54,6 @@ STANDARD_EXCHANGES = (
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
 )
-
-_ids = itertools.count(1)
-
-
-def next_message_id() -> int:
-    return next(_ids)
-
-
-def advance_message_ids(floor: int) -> None:
-    """Make :func:`next_message_id` continue above ``floor`` (ids recovered from the store)."""
-    global _ids
-    current = next(_ids)
-    _ids = itertools.count(max(current, floor + 1))
 
 
 def _int_arg(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
@@ -211,8 +196,11 @@ class VirtualHost:
         hooks: Any = None,
         store: Store | None = None,
         mark_dirty: Callable[[Queue], None] | None = None,
+        ids: MessageIds | None = None,
     ) -> None:
         self.name = name
+        #: message ids, shared by the broker's vhosts (each broker has its own)
+        self.ids = ids if ids is not None else MessageIds()
         self.clock = clock
         self.timers = timers
         self.hooks = hooks if hooks is not None else NoHooks()
@@ -647,217 +635,6 @@ class VirtualHost:
         self.deliver_to_queues(self.route(ex, msg), msg)
         if held_on_disk:  # after the enqueue: a crash in between duplicates, never loses
             self.store.remove_delayed(self.name, msg)
-
-    # ----------------------------------------------------------------- removal paths
-
-    def expire(self, q: Queue, msg: Message) -> None:
-        """A message's TTL passed at the head of ``q`` (already removed from the queue)."""
-        h = self.hooks.message_expired
-        if h is not None:
-            h(vhost=self.name, queue=q.name, message=msg)
-        self.dead_letter_or_drop(q, msg, "expired")
-
-    def discard(self, q: Queue, msg: Message, reason: str) -> None:
-        """An overflow drop: dead-letter it if the queue can, else drop it (and say so)."""
-        self.dead_letter_or_drop(q, msg, reason)
-
-    def dead_letter_or_drop(self, q: Queue, msg: Message, reason: str) -> None:
-        """Dead-letter ``msg`` if the queue has a target, else drop it and say so."""
-        if not self.dead_letter(q, msg, reason):
-            h = self.hooks.message_dropped
-            if h is not None:
-                h(vhost=self.name, queue=q.name, message=msg, reason=reason)
-
-    def dead_letter(self, q: Queue, msg: Message, reason: str) -> bool:
-        """Republish ``msg`` to the queue's dead-letter exchange with an ``x-death`` record.
-
-        Returns False when the queue has no dead-letter exchange (the message is dropped).
-        Queues the message already died in, with no rejection along the way, are skipped:
-        that is a dead-letter cycle, which would otherwise go round for ever.
-        """
-        choose = self.hooks.dead_letter_target
-        chosen = None
-        if choose is not None:
-            chosen = choose(vhost=self.name, queue=q.name, message=msg, reason=reason)
-        if chosen is not None:
-            target = chosen.exchange
-            routing_key = chosen.routing_key
-            extra = dict(chosen.headers) if chosen.headers else None
-            if chosen.declare_queue and chosen.declare_queue not in self.queues:
-                dlq, _ = self.declare_queue(chosen.declare_queue, durable=True)
-                log.info(
-                    "dead-letter queue '%s' in vhost '%s' created for queue '%s'",
-                    dlq.name,
-                    self.name,
-                    q.name,
-                )
-        else:
-            if q.dlx is None:
-                return False
-            target = q.dlx
-            routing_key = q.dlx_routing_key or msg.routing_key
-            extra = None
-        ex = self.exchanges.get(target)
-        if ex is None:
-            log.warning(
-                "dead-letter exchange '%s' of queue '%s' in vhost '%s' does not exist; "
-                "message dropped",
-                target,
-                q.name,
-                self.name,
-            )
-            h = self.hooks.message_dropped
-            if h is not None:
-                h(vhost=self.name, queue=q.name, message=msg, reason=reason)
-            return True
-        if not self.ensure_body(q, msg):
-            log.error(
-                "dead-lettering message %d of queue '%s' in vhost '%s': its body is gone; dropped",
-                msg.id,
-                q.name,
-                self.name,
-            )
-            return True
-        dead = self.make_dead_letter(
-            q, msg, reason, routing_key=routing_key, exchange=target, extra_headers=extra
-        )
-        queues = self.route(ex, dead)
-        deaths = dead.headers.get("x-death") or []
-        rejected_in_chain = any(d.get("reason") == "rejected" for d in deaths)
-        if not rejected_in_chain:
-            died_in = {d.get("queue") for d in deaths}
-            cyc = [t for t in queues if t.name in died_in]
-            if cyc:
-                log.warning(
-                    "dead-letter cycle through %s in vhost '%s' broken: message %d dropped there",
-                    ", ".join(repr(t.name) for t in cyc),
-                    self.name,
-                    msg.id,
-                )
-                queues = [t for t in queues if t not in cyc]
-        h = self.hooks.message_dead_lettered
-        if h is not None:
-            h(
-                vhost=self.name,
-                queue=q.name,
-                message=msg,
-                reason=reason,
-                exchange=target,
-                routing_key=dead.routing_key,
-            )
-        if queues:
-            taken, _ = self.deliver_to_queues(queues, dead)
-            for t in taken:
-                counts = self.dead_letter_queues.setdefault(t.name, {})
-                counts[reason] = counts.get(reason, 0) + 1
-        return True
-
-    def ensure_body(self, q: Queue, msg: Message) -> bool:
-        """Bring back a body the store paged out (it is about to be copied elsewhere)."""
-        if msg.body is None:
-            msg.body = self.store.read_body(q, msg)  # type: ignore[assignment]
-        return msg.body is not None
-
-    def make_dead_letter(
-        self,
-        q: Queue,
-        msg: Message,
-        reason: str,
-        *,
-        routing_key: str,
-        exchange: str | None = None,
-        extra_headers: dict[str, Any] | None = None,
-    ) -> Message:
-        """A copy of ``msg`` carrying RabbitMQ's ``x-death`` record for this death."""
-        props = msg.decoded
-        headers = dict(props.get("application_headers") or {})
-        deaths = [dict(d) for d in (headers.get("x-death") or []) if isinstance(d, dict)]
-        now = _dt.datetime.fromtimestamp(int(self.clock.time()), tz=_dt.UTC)
-        entry = None
-        for d in deaths:
-            if d.get("queue") == q.name and d.get("reason") == reason:
-                entry = d
-                break
-        if entry is not None:
-            deaths.remove(entry)
-            entry["count"] = int(entry.get("count", 1)) + 1
-            entry["time"] = now
-        else:
-            entry = {
-                "count": 1,
-                "reason": reason,
-                "queue": q.name,
-                "time": now,
-                "exchange": msg.exchange,
-                "routing-keys": [msg.routing_key],
-            }
-            if props.get("expiration") is not None:
-                entry["original-expiration"] = props["expiration"]
-        deaths.insert(0, entry)
-        headers["x-death"] = deaths
-        headers.setdefault("x-first-death-reason", reason)
-        headers.setdefault("x-first-death-queue", q.name)
-        headers.setdefault("x-first-death-exchange", msg.exchange)
-        headers["x-last-death-reason"] = reason
-        headers["x-last-death-queue"] = q.name
-        headers["x-last-death-exchange"] = msg.exchange
-        if extra_headers:
-            headers.update(extra_headers)
-        props["application_headers"] = headers
-        props.pop("expiration", None)  # a dead-lettered message does not expire again
-        dead = msg.with_properties(props, next_message_id())
-        dead.exchange = exchange if exchange is not None else (q.dlx or "")
-        dead.routing_key = routing_key
-        dead.arrival = self.clock.monotonic()
-        dead.timestamp = self.clock.time()
-        return dead
-
-    def forward_retry(self, retry_q: Queue, msg: Message) -> None:
-        """A retry queue's delay ran out: the message goes back to its target queue."""
-        target = self.queues.get(retry_q.retry_target or "")
-        if target is None:
-            log.warning(
-                "retry queue '%s' in vhost '%s': target queue '%s' does not exist; message dropped",
-                retry_q.name,
-                self.name,
-                retry_q.retry_target,
-            )
-            h = self.hooks.message_dropped
-            if h is not None:
-                h(vhost=self.name, queue=retry_q.name, message=msg, reason="no-target")
-            return
-        if not self.ensure_body(retry_q, msg):
-            log.error(
-                "retry queue '%s' in vhost '%s': message %d has no body; dropped",
-                retry_q.name,
-                self.name,
-                msg.id,
-            )
-            return
-        m = msg.copy()
-        m.id = next_message_id()
-        m.arrival = self.clock.monotonic()
-        m.expires_at = None
-        m.stored = False
-        m.redelivered = False
-        taken, _refused = self.deliver_to_queues([target], m)
-        if not taken:
-            log.warning(
-                "retry queue '%s' in vhost '%s': target queue '%s' refused message %d (overflow)",
-                retry_q.name,
-                self.name,
-                target.name,
-                msg.id,
-            )
-        h = self.hooks.message_redelivered
-        if h is not None:
-            h(
-                vhost=self.name,
-                queue=target.name,
-                message=m,
-                delivery_count=m.delivery_count,
-                reason="retry",
-            )
 
     def store_remove(self, q: Queue, msg: Message) -> None:
         msg.stored = False

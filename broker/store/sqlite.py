@@ -1010,7 +1010,6 @@ class SQLiteStore:
     def recover(self, broker: Any) -> dict[str, int]:
         """Load exchanges, queues, bindings, then messages (in their order per queue) and
         held delayed messages into ``broker``. Runs before the server listens."""
-        from broker.domain import vhost as vhost_mod
         from broker.domain.exchange import DelayedExchange
         from broker.domain.message import Message
         from broker.errors import AMQPError
@@ -1229,7 +1228,7 @@ class SQLiteStore:
                 m.stored = True
                 stats["delayed"] += 1
             if max_mid:
-                vhost_mod.advance_message_ids(max_mid)
+                broker.ids.advance(max_mid)
         except sqlite3.Error as exc:
             raise StoreError(
                 f"the store is corrupt or unreadable ({exc}); refusing to start — "

@@ -7,7 +7,7 @@ from broker.codec import properties as P
 from broker.domain.exchange import headers_match, topic_matches
 from broker.domain.message import Message
 from broker.domain.timers import Timers
-from broker.domain.vhost import VirtualHost, next_message_id
+from broker.domain.vhost import VirtualHost
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_headers_matching():
 
 def _msg(vh, rk, headers=None):
     raw = P.encode({"application_headers": headers} if headers else {})
-    return Message.from_publish(next_message_id(), "", rk, raw, b"", 0, 0.0, 0.0)
+    return Message.from_publish(vh.ids.next(), "", rk, raw, b"", 0, 0.0, 0.0)
 
 
 def test_routing_through_exchange_to_exchange_bindings_without_duplicates():

@@ -11,7 +11,7 @@ from broker.codec import properties as P
 from broker.domain.message import Message
 from broker.domain.queue import Consumer, Queue
 from broker.domain.timers import Timers
-from broker.domain.vhost import VirtualHost, next_message_id
+from broker.domain.vhost import VirtualHost
 from broker.errors import ChannelError
 
 
@@ -49,7 +49,7 @@ def vh(clock: ManualClock) -> VirtualHost:
 def msg(vh: VirtualHost, body: bytes = b"x", rk: str = "k", **props: Any) -> Message:
     raw = P.encode(props)
     return Message.from_publish(
-        next_message_id(), "", rk, raw, body, len(body), vh.clock.monotonic(), vh.clock.time()
+        vh.ids.next(), "", rk, raw, body, len(body), vh.clock.monotonic(), vh.clock.time()
     )
 
 

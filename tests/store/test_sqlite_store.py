@@ -17,10 +17,11 @@ import pytest
 
 from broker.clock import ManualClock
 from broker.codec import properties as P
+from broker.domain import fate
 from broker.domain.exchange import DelayedExchange
 from broker.domain.message import Message
 from broker.domain.timers import Timers
-from broker.domain.vhost import VirtualHost, next_message_id
+from broker.domain.vhost import VirtualHost
 from broker.store import sqlite as S
 from broker.store.sqlite import PagedReady, SQLiteStore, StoreError
 
@@ -62,7 +63,7 @@ class World:
         self.timers = Timers(self.clock)
         self.vh = VirtualHost("/", clock=self.clock, timers=self.timers, store=self.store)
         self.broker = SimpleNamespace(
-            clock=self.clock, vhosts={"/": self.vh}, set_alarm=lambda reason: None
+            clock=self.clock, vhosts={"/": self.vh}, ids=self.vh.ids, set_alarm=lambda reason: None
         )
         self.stats = self.store.recover(self.broker)
         self.loop = FakeLoop()
@@ -102,7 +103,7 @@ class World:
             props["application_headers"] = headers
         raw = P.encode(props)
         msg = Message.from_publish(
-            next_message_id(),
+            self.vh.ids.next(),
             exchange,
             queue,
             raw,
@@ -224,7 +225,7 @@ def test_recovery_restores_order_flags_counts_and_ids(world: World) -> None:
     assert [m.delivery_count for m in msgs] == [0, 1, 0, 0, 0]
     assert msgs[1].delivery_properties() != msgs[1].properties  # carries x-delivery-count
     assert P.decode(msgs[1].delivery_properties())["application_headers"] == {"x-delivery-count": 1}
-    assert next_message_id() > top
+    assert world.vh.ids.next() > top
 
 
 def test_acks_are_durable_in_batches(world: World) -> None:
@@ -288,7 +289,7 @@ def test_dead_lettered_copy_is_kept_with_its_x_death(world: World) -> None:
     world.sync()
     m = q.get()
     q.settle(m)
-    vh.dead_letter(q, m, "rejected")
+    fate.dead_letter(q, m, "rejected")
     world.sync()  # the settle and the copy travel in one transaction
     world.restart(graceful=False)
     (m2,) = world.vh.queues["dead"].ready
@@ -420,7 +421,7 @@ def test_expiring_messages_keep_their_bodies_for_dead_lettering(
         world.publish("q", b"plain-%d" % i)
     raw = P.encode({"delivery_mode": 2, "expiration": "5000"})
     m = Message.from_publish(
-        next_message_id(), "", "q", raw, b"expires", 7, world.clock.monotonic(), world.clock.time()
+        vh.ids.next(), "", "q", raw, b"expires", 7, world.clock.monotonic(), world.clock.time()
     )
     vh.deliver_to_queues([q], m)
     world.sync()

@@ -1,0 +1,629 @@
+"""Message fate: the one place that decides what becomes of a message once it left the ready list.
+
+Every path by which a delivered or held message is settled, rejected, requeued (with the
+delivery limit), dead-lettered, forwarded from a retry queue, redriven from a dead-letter queue,
+or taken back from an isolated consumer is one function of this module:
+
+==========================  ======================================================================
+:func:`ack`                 basic.ack (and the ack part of tx.commit)
+:func:`reject`              basic.nack / basic.reject: the plugins' decision, else AMQP's rules
+:func:`settle_unacked`      a no-ack delivery or a no-ack basic.get: settled as it is sent
+:func:`requeue`             back to the queue (at once or after a delay), delivery limit applied
+:func:`late_settle`         an ack/nack for a message taken back from an isolated consumer
+:func:`expire`              a TTL ran out at the head of a queue
+:func:`overflow`            ``x-max-length`` / ``x-max-length-bytes`` pushed a message out
+:func:`dead_letter_or_drop` to the dead-letter target if the queue has one, else dropped
+:func:`dead_letter`         republish to the dead-letter target with RabbitMQ's ``x-death``
+:func:`forward`             a copy into another queue: retry-queue forwarding and redrive
+:func:`retry_due`           a retry queue's hold ran out: the message goes back to its target
+:func:`redrive`             a dead-letter queue's messages go back to where they died
+:func:`isolate`             blocklist a consumer and requeue its unacked messages to the others
+:func:`release`             take a consumer off the blocklist
+==========================  ======================================================================
+
+The session (the basic.* methods, channel close, basic.recover), the core API (isolation,
+release, redrive), the queue (expiry, overflow, retry holds) call these; the message-event hooks
+(``broker_message_acked``, ``..._rejected``, ``..._redelivered``, ``..._dead_lettered``,
+``..._expired``, ``..._dropped``, ``broker_consumer_isolated``, ``..._released``) and the
+decision hooks (``broker_reject_decision``, ``broker_redelivery_delay``,
+``broker_dead_letter_target``) are called from here and from nowhere else, so no path can miss
+one. The queue keeps only the primitives (take from the ready list, put back, forget).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from broker.domain.message import Message
+    from broker.domain.queue import Consumer, Queue
+
+log = logging.getLogger("broker.vhost")
+policy_log = logging.getLogger("broker.policy")
+
+
+class Settler(Protocol):
+    """Who settles: the channel a delivery went out on (for the hooks' arguments)."""
+
+    id: int
+    connection_id: str
+
+
+# --------------------------------------------------------------------------- settle
+
+
+def ack(q: Queue, msg: Message, consumer: Consumer | None, channel: Settler, now: float) -> None:
+    """A consumer acked ``msg`` (``consumer`` is None for a basic.get delivery)."""
+    q.settle(msg)
+    tag = None
+    if consumer is not None:
+        tag = consumer.tag
+        consumer.unacked -= 1
+        consumer.last_ack = now
+        if consumer.isolated:
+            release(consumer, "acked")
+    vh = q.vhost
+    h = vh.hooks.message_acked
+    if h is not None:
+        h(
+            vhost=vh.name,
+            queue=q.name,
+            consumer_tag=tag,
+            connection_id=channel.connection_id,
+            channel_id=channel.id,
+            message=msg,
+        )
+    if not q.dirty and q.ready:
+        vh.mark_dirty(q)
+
+
+def settle_unacked(q: Queue, msg: Message) -> None:
+    """A message delivered with no-ack is done with as it is sent (no ack will come)."""
+    q.settle(msg)
+
+
+def reject(
+    q: Queue,
+    msg: Message,
+    consumer: Consumer | None,
+    channel: Settler,
+    requeue_: bool,
+    now: float,
+) -> None:
+    """A consumer nacked or rejected ``msg``: ask the plugins, else follow AMQP.
+
+    A ``broker_reject_decision`` answer wins (requeue after a delay, dead-letter, drop). Without
+    one, ``requeue`` puts the message back (after ``broker_redelivery_delay``, if a plugin gives
+    one), within the queue's delivery limit; ``requeue=false`` dead-letters or drops it.
+    """
+    tag = None
+    if consumer is not None:
+        tag = consumer.tag
+        consumer.unacked -= 1
+        consumer.last_ack = now
+        if consumer.isolated:
+            release(consumer, "rejected")
+    vh = q.vhost
+    hooks = vh.hooks
+    h = hooks.message_rejected
+    if h is not None:
+        h(
+            vhost=vh.name,
+            queue=q.name,
+            consumer_tag=tag,
+            connection_id=channel.connection_id,
+            channel_id=channel.id,
+            message=msg,
+            requeue=requeue_,
+        )
+    decide = hooks.reject_decision
+    decision = None
+    if decide is not None:
+        decision = decide(
+            vhost=vh.name,
+            queue=q.name,
+            message=msg,
+            requeue=requeue_,
+            delivery_count=msg.delivery_count,
+        )
+    if decision is not None:
+        kind = decision.kind
+        if kind == "requeue":
+            requeue(q, [msg], "rejected", delay=decision.delay)
+        elif kind == "dead-letter":
+            q.settle(msg)
+            dead_letter(q, msg, decision.reason)
+        else:
+            q.settle(msg)
+            drop(q, msg, decision.reason)
+        return
+    if requeue_:
+        delay = None
+        hd = hooks.redelivery_delay
+        if hd is not None:
+            delay = hd(
+                vhost=vh.name,
+                queue=q.name,
+                message=msg,
+                delivery_count=msg.delivery_count + 1,
+            )
+        requeue(q, [msg], "rejected", delay=delay or 0.0)
+    else:
+        q.settle(msg)
+        dead_letter_or_drop(q, msg, "rejected")
+
+
+def requeue(
+    q: Queue,
+    msgs: Sequence[Message],
+    reason: str,
+    *,
+    delay: float = 0.0,
+    count: bool = True,
+) -> None:
+    """Delivered messages go back to ``q``: to the front at once, or after ``delay`` seconds.
+
+    Each one's delivery count goes up (unless ``count`` is false). A message whose count would
+    pass the queue's delivery limit is dead-lettered with reason ``delivery_limit`` instead
+    (PIP-22's redelivery tracker, on every requeue path). Messages the queue no longer holds
+    (it was deleted, or a late ack took them) are skipped. Raised counts of stored messages are
+    written to the store; ``broker_message_redelivered`` is called for each one requeued.
+    """
+    if q.deleted:
+        return
+    limit = q.delivery_limit if count else None
+    held = q.held
+    live: list[Message] = []
+    for m in msgs:
+        if m.id not in held:
+            continue
+        if limit is not None and m.delivery_count + 1 > limit:
+            m.redelivered = True
+            m.delivery_count += 1
+            q.settle(m)
+            dead_letter_or_drop(q, m, "delivery_limit")
+            continue
+        live.append(m)
+    if not live:
+        return
+    if delay > 0:
+        for m in live:
+            if count:
+                m.delivery_count += 1
+            q.hold_back(m, delay)
+    else:
+        q.requeue(live, count=count)
+    vh = q.vhost
+    store = vh.store
+    if store.durable:
+        for m in live:
+            if m.stored:
+                store.update_message(q, m)
+    h = vh.hooks.message_redelivered
+    if h is not None:
+        for m in live:
+            h(
+                vhost=vh.name,
+                queue=q.name,
+                message=m,
+                delivery_count=m.delivery_count,
+                reason=reason,
+            )
+
+
+def late_settle(
+    q: Queue, msg: Message, consumer: Consumer, channel: Settler, ack_: bool, now: float
+) -> None:
+    """An ack, nack or reject for a message taken back from ``consumer`` when it was isolated.
+
+    It is a sign of life: the consumer's ack clock restarts and it leaves the blocklist. For an
+    ack, a message nobody has received since counts as acked (and ``broker_message_acked`` is
+    called); one already redelivered stays with its new consumer. A nack or reject changes
+    nothing more: the message was requeued already.
+    """
+    consumer.last_ack = now
+    if consumer.isolated:
+        release(consumer, "acked" if ack_ else "rejected")
+    if not ack_ or q.deleted or msg.id not in q.moved_waiting or msg.id not in q.held:
+        return
+    q.moved_waiting.discard(msg.id)
+    if not q.take_ready(msg):
+        return  # already delivered elsewhere
+    q.settle(msg)
+    vh = q.vhost
+    h = vh.hooks.message_acked
+    if h is not None:
+        h(
+            vhost=vh.name,
+            queue=q.name,
+            consumer_tag=consumer.tag,
+            connection_id=channel.connection_id,
+            channel_id=channel.id,
+            message=msg,
+        )
+
+
+# --------------------------------------------------------------------------- removal
+
+
+def expire(q: Queue, msg: Message) -> None:
+    """``msg``'s TTL passed at the head of ``q`` (the queue has let go of it already)."""
+    vh = q.vhost
+    h = vh.hooks.message_expired
+    if h is not None:
+        h(vhost=vh.name, queue=q.name, message=msg)
+    dead_letter_or_drop(q, msg, "expired")
+
+
+def overflow(q: Queue, msg: Message, *, refused: bool) -> None:
+    """A length limit pushed ``msg`` out of ``q`` (``maxlen``).
+
+    :param refused: the publish itself was refused (``reject-publish-dlx``): the message is
+        dead-lettered if the queue can, and the publisher gets a nack either way.
+    """
+    msg.queue_name = q.name
+    if refused:
+        dead_letter(q, msg, "maxlen")
+    else:
+        dead_letter_or_drop(q, msg, "maxlen")
+
+
+def drop(q: Queue, msg: Message, reason: str) -> None:
+    """``msg`` leaves ``q`` for good; the plugins are told why."""
+    vh = q.vhost
+    h = vh.hooks.message_dropped
+    if h is not None:
+        h(vhost=vh.name, queue=q.name, message=msg, reason=reason)
+
+
+def dead_letter_or_drop(q: Queue, msg: Message, reason: str) -> None:
+    """Dead-letter ``msg`` if the queue has a target, else drop it and say so."""
+    if not dead_letter(q, msg, reason):
+        drop(q, msg, reason)
+
+
+def dead_letter(q: Queue, msg: Message, reason: str) -> bool:
+    """Republish ``msg`` to the queue's dead-letter target with an ``x-death`` record.
+
+    The target is a plugin's ``broker_dead_letter_target`` answer, else the queue's
+    ``x-dead-letter-exchange``. Returns False when there is none (the caller drops the message).
+    Queues the message already died in, with no rejection along the way, are skipped: that is a
+    dead-letter cycle, which would otherwise go round for ever.
+    """
+    vh = q.vhost
+    choose = vh.hooks.dead_letter_target
+    chosen = None
+    if choose is not None:
+        chosen = choose(vhost=vh.name, queue=q.name, message=msg, reason=reason)
+    extra: dict[str, Any] | None
+    if chosen is not None:
+        target = chosen.exchange
+        routing_key = chosen.routing_key
+        extra = dict(chosen.headers) if chosen.headers else None
+        if chosen.declare_queue and chosen.declare_queue not in vh.queues:
+            dlq, _ = vh.declare_queue(chosen.declare_queue, durable=True)
+            log.info(
+                "dead-letter queue '%s' in vhost '%s' created for queue '%s'",
+                dlq.name,
+                vh.name,
+                q.name,
+            )
+    else:
+        if q.dlx is None:
+            return False
+        target = q.dlx
+        routing_key = q.dlx_routing_key or msg.routing_key
+        extra = None
+    ex = vh.exchanges.get(target)
+    if ex is None:
+        log.warning(
+            "dead-letter exchange '%s' of queue '%s' in vhost '%s' does not exist; message dropped",
+            target,
+            q.name,
+            vh.name,
+        )
+        drop(q, msg, reason)
+        return True
+    if not _ensure_body(q, msg):
+        log.error(
+            "dead-lettering message %d of queue '%s' in vhost '%s': its body is gone; dropped",
+            msg.id,
+            q.name,
+            vh.name,
+        )
+        return True
+    dead = make_dead_letter(
+        q, msg, reason, routing_key=routing_key, exchange=target, extra_headers=extra
+    )
+    queues = vh.route(ex, dead)
+    deaths = dead.headers.get("x-death") or []
+    rejected_in_chain = any(d.get("reason") == "rejected" for d in deaths)
+    if not rejected_in_chain:
+        died_in = {d.get("queue") for d in deaths}
+        cyc = [t for t in queues if t.name in died_in]
+        if cyc:
+            log.warning(
+                "dead-letter cycle through %s in vhost '%s' broken: message %d dropped there",
+                ", ".join(repr(t.name) for t in cyc),
+                vh.name,
+                msg.id,
+            )
+            queues = [t for t in queues if t not in cyc]
+    h = vh.hooks.message_dead_lettered
+    if h is not None:
+        h(
+            vhost=vh.name,
+            queue=q.name,
+            message=msg,
+            reason=reason,
+            exchange=target,
+            routing_key=dead.routing_key,
+        )
+    if queues:
+        taken, _ = vh.deliver_to_queues(queues, dead)
+        for t in taken:
+            counts = vh.dead_letter_queues.setdefault(t.name, {})
+            counts[reason] = counts.get(reason, 0) + 1
+    return True
+
+
+def make_dead_letter(
+    q: Queue,
+    msg: Message,
+    reason: str,
+    *,
+    routing_key: str,
+    exchange: str | None = None,
+    extra_headers: dict[str, Any] | None = None,
+) -> Message:
+    """A copy of ``msg`` carrying RabbitMQ's ``x-death`` record for this death."""
+    vh = q.vhost
+    props = msg.decoded
+    headers = dict(props.get("application_headers") or {})
+    deaths = [dict(d) for d in (headers.get("x-death") or []) if isinstance(d, dict)]
+    now = _dt.datetime.fromtimestamp(int(vh.clock.time()), tz=_dt.UTC)
+    entry = None
+    for d in deaths:
+        if d.get("queue") == q.name and d.get("reason") == reason:
+            entry = d
+            break
+    if entry is not None:
+        deaths.remove(entry)
+        entry["count"] = int(entry.get("count", 1)) + 1
+        entry["time"] = now
+    else:
+        entry = {
+            "count": 1,
+            "reason": reason,
+            "queue": q.name,
+            "time": now,
+            "exchange": msg.exchange,
+            "routing-keys": [msg.routing_key],
+        }
+        if props.get("expiration") is not None:
+            entry["original-expiration"] = props["expiration"]
+    deaths.insert(0, entry)
+    headers["x-death"] = deaths
+    headers.setdefault("x-first-death-reason", reason)
+    headers.setdefault("x-first-death-queue", q.name)
+    headers.setdefault("x-first-death-exchange", msg.exchange)
+    headers["x-last-death-reason"] = reason
+    headers["x-last-death-queue"] = q.name
+    headers["x-last-death-exchange"] = msg.exchange
+    if extra_headers:
+        headers.update(extra_headers)
+    props["application_headers"] = headers
+    props.pop("expiration", None)  # a dead-lettered message does not expire again
+    dead = msg.with_properties(props, vh.ids.next())
+    dead.exchange = exchange if exchange is not None else (q.dlx or "")
+    dead.routing_key = routing_key
+    dead.arrival = vh.clock.monotonic()
+    dead.timestamp = vh.clock.time()
+    return dead
+
+
+def _ensure_body(q: Queue, msg: Message) -> bool:
+    """Bring back a body the store paged out (it is about to be copied elsewhere)."""
+    if msg.body is None:
+        msg.body = q.vhost.store.read_body(q, msg)  # type: ignore[assignment]
+    return msg.body is not None
+
+
+# --------------------------------------------------------------------------- moving on
+
+
+def forward(
+    source: Queue, msg: Message, target: Queue, reason: str, *, reset_count: bool
+) -> Message | None:
+    """Put a copy of ``msg`` (from ``source``) into ``target`` as a new message.
+
+    The copy gets a new id, arrives now, is not redelivered and carries no expiry of its own;
+    with ``reset_count`` its delivery count starts again at 0 (a redrive), else it keeps it (a
+    retry). Returns the copy when ``target`` took it, None when it refused it (overflow) or the
+    body could not be read back; ``broker_message_redelivered`` (with ``reason``) is called on
+    ``target`` for a copy it took. The caller settles the original.
+    """
+    vh = source.vhost
+    if not _ensure_body(source, msg):
+        log.error(
+            "queue '%s' in vhost '%s': message %d has no body; not moved to '%s'",
+            source.name,
+            vh.name,
+            msg.id,
+            target.name,
+        )
+        return None
+    m = msg.copy()
+    m.id = vh.ids.next()
+    m.arrival = vh.clock.monotonic()
+    m.expires_at = None
+    m.stored = False
+    m.redelivered = False
+    if reset_count:
+        m.delivery_count = 0
+    taken, _ = vh.deliver_to_queues([target], m)
+    if not taken:
+        return None
+    h = vh.hooks.message_redelivered
+    if h is not None:
+        h(
+            vhost=vh.name,
+            queue=target.name,
+            message=m,
+            delivery_count=m.delivery_count,
+            reason=reason,
+        )
+    return m
+
+
+def retry_due(retry_q: Queue, msg: Message) -> None:
+    """A retry queue's hold of ``msg`` ran out: it goes back to the queue it was retried from."""
+    if not retry_q.release_hold(msg):
+        return  # the retry queue was deleted, or purged, meanwhile
+    vh = retry_q.vhost
+    target = vh.queues.get(retry_q.retry_target or "")
+    if target is None:
+        log.warning(
+            "retry queue '%s' in vhost '%s': target queue '%s' does not exist; message dropped",
+            retry_q.name,
+            vh.name,
+            retry_q.retry_target,
+        )
+        drop(retry_q, msg, "no-target")
+        return
+    if forward(retry_q, msg, target, "retry", reset_count=False) is None:
+        log.warning(
+            "retry queue '%s' in vhost '%s': target queue '%s' refused message %d",
+            retry_q.name,
+            vh.name,
+            target.name,
+            msg.id,
+        )
+
+
+def original_queue_of(msg: Message) -> str | None:
+    """The queue a dead letter came from: ``REAL_TOPIC``, else its last ``x-death`` queue."""
+    if msg._hoff < 0:
+        return None
+    h = msg.headers
+    real = h.get("REAL_TOPIC")
+    if isinstance(real, (str, bytes)) and real:
+        return real.decode() if isinstance(real, bytes) else real
+    deaths = h.get("x-death")
+    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        origin = deaths[0].get("queue")
+        return origin if isinstance(origin, str) else None
+    return None
+
+
+def redrive(q: Queue, limit: int | None = None) -> tuple[dict[str, int], int]:
+    """Move the ready messages of dead-letter queue ``q`` back to the queue each came from.
+
+    A message whose origin is unknown or gone, or whose origin refuses it, stays. Returns
+    ``({target queue: moved}, kept)``.
+    """
+    vh = q.vhost
+    moved: dict[str, int] = {}
+    n = 0
+    kept = 0
+    for m in list(q.ready):
+        if limit is not None and n >= limit:
+            break
+        origin = original_queue_of(m)
+        target = vh.queues.get(origin) if origin else None
+        if target is None or target is q:
+            kept += 1
+            continue
+        if forward(q, m, target, "redrive", reset_count=True) is None:
+            kept += 1  # the target refused it (overflow): it stays a dead letter
+            continue
+        q.take_ready(m)
+        q.settle(m)
+        moved[target.name] = moved.get(target.name, 0) + 1
+        n += 1
+    return moved, kept
+
+
+# --------------------------------------------------------------------------- isolation
+
+
+def isolate(consumer: Consumer, now: float) -> int:
+    """Blocklist ``consumer`` and requeue its unacked messages to the others.
+
+    A later ack for one of them is accepted (see :func:`late_settle`). Calls
+    ``broker_consumer_isolated``. Returns how many messages moved.
+    """
+    if consumer.isolated:
+        return 0
+    q = consumer.queue
+    since = consumer.last_ack if consumer.last_ack is not None else consumer.first_delivery
+    consumer.isolated = True
+    moved = consumer.channel.take_unacked(consumer)
+    consumer.unacked = 0
+    if moved:
+        q.moved_waiting.update(m.id for m in moved)
+        requeue(q, moved, "consumer-isolated")
+    vh = q.vhost
+    h = vh.hooks.consumer_isolated
+    if h is not None:
+        h(
+            vhost=vh.name,
+            queue=q.name,
+            consumer_tag=consumer.tag,
+            connection_id=consumer.channel.connection_id,
+            last_ack_age=now - (since if since is not None else now),
+            moved=len(moved),
+        )
+    return len(moved)
+
+
+def release(consumer: Consumer, reason: str) -> None:
+    """Take ``consumer`` off the blocklist (it settled something, or it is going away)."""
+    if not consumer.isolated:
+        return
+    consumer.isolated = False
+    q = consumer.queue
+    vh = q.vhost
+    vh.mark_dirty(q)
+    policy_log.info(
+        "consumer %s on queue '%s' (vhost '%s', connection %s) released from the blocklist: %s",
+        consumer.tag,
+        q.name,
+        vh.name,
+        consumer.channel.connection_id,
+        reason,
+    )
+    h = vh.hooks.consumer_released
+    if h is not None:
+        h(
+            vhost=vh.name,
+            queue=q.name,
+            consumer_tag=consumer.tag,
+            connection_id=consumer.channel.connection_id,
+            reason=reason,
+        )
+
+
+__all__ = [
+    "ack",
+    "dead_letter",
+    "dead_letter_or_drop",
+    "drop",
+    "expire",
+    "forward",
+    "isolate",
+    "late_settle",
+    "make_dead_letter",
+    "original_queue_of",
+    "overflow",
+    "redrive",
+    "reject",
+    "release",
+    "requeue",
+    "retry_due",
+    "settle_unacked",
+]
