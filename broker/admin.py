@@ -1,26 +1,3 @@
-"""The admin interface: a small HTTP API for operators and a Prometheus metrics endpoint.
-
-Enabled by ``<admin host="127.0.0.1" port="15672"/>``. It runs on the standard library's
-``ThreadingHTTPServer`` in a thread of its own; every read and every change runs on the broker's
-event loop through :meth:`broker.app.Broker.call_on_loop`, so it sees a consistent state and
-never races the loop. Requests authenticate with HTTP Basic as a configured broker user.
-
-==========================================  ================================================
-``GET  /api/overview``                      version, connections, queues, messages, alarm
-``GET  /api/queues``                        every queue with its running figures and policy
-``GET  /api/consumers``                     every consumer: unacked, prefetch, last ack age
-``GET  /api/blocklist``                     isolated consumers
-``GET  /api/connections``                   client connections
-``GET  /api/dead-letters``                  queues that received dead letters, by reason
-``GET  /api/queues/{vhost}/{queue}/messages``  peek at ready messages (``?limit=20``)
-``POST /api/queues/{vhost}/{queue}/redrive`` move dead letters back to their original queue
-``POST /api/reload``                        re-read the configuration (like SIGHUP)
-``GET  /metrics``                           Prometheus text format
-==========================================  ================================================
-
-Vhost names in paths are URL-encoded (``/`` is ``%2F``), as in RabbitMQ's management API.
-"""
-
 from __future__ import annotations
 
 import base64
@@ -29,19 +6,29 @@ import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import broker as _pkg
-from broker.codec import properties as props_codec
-from broker.domain import fate
+from broker.core.api import BrokerAPI, ConsumerInfo, NotFound, QueueInfo
 
 if TYPE_CHECKING:
-    from broker.app import Broker
-    from broker.domain.queue import Queue
-    from broker.runner import Running
+    from broker.config import BrokerConfig
 
 log = logging.getLogger("broker.admin")
+
+T = TypeVar("T")
+
+
+class Reloader(Protocol):
+    """What a reload needs from the process that runs the broker (``broker.runner.Running``)."""
+
+    def prepare_reload(self) -> BrokerConfig | None:
+        """Read and validate the configuration file (any thread); None if it did not validate."""
+        ...
+
+    def apply_reload(self, cfg: BrokerConfig) -> None:
+        """Put a validated configuration in effect (on the loop)."""
+        ...
 
 
 class AdminError(Exception):
@@ -51,48 +38,47 @@ class AdminError(Exception):
         self.message = message
 
 
-# ------------------------------------------------------------------------ views (on the loop)
+# ------------------------------------------------------------------------ views (JSON)
 
 
-def queue_info(q: Queue, now: float) -> dict[str, Any]:
+def queue_json(q: QueueInfo, now: float) -> dict[str, Any]:
     oldest = q.oldest_arrival
-    pol = q.policy
     return {
-        "vhost": q.vhost.name,
+        "vhost": q.vhost,
         "name": q.name,
         "durable": q.durable,
         "auto_delete": q.auto_delete,
-        "exclusive": q.exclusive_owner is not None,
+        "exclusive": q.exclusive,
         "subscription_type": q.subscription_type,
-        "messages": len(q.held),
-        "ready": len(q.ready),
-        "unacked": q.unacked_count,
+        "messages": q.messages,
+        "ready": q.ready,
+        "unacked": q.unacked,
         "delayed": q.delayed,
         "bytes": q.bytes,
         "oldest_age_s": round(now - oldest, 3) if oldest is not None else 0.0,
-        "consumers": len(q.consumers),
+        "consumers": q.consumers,
         "acks_total": q.acks_total,
         "delivery_limit": q.delivery_limit,
         "retry_target": q.retry_target,
         "arguments": _jsonable(q.arguments),
-        "bindings": [{"exchange": e, "type": t, "key": k} for e, t, k in q.bindings()],
-        "policy": {name: getattr(pol, "source", {}).get(name, "") for name in pol} if pol else {},
+        "bindings": [{"exchange": e, "type": t, "key": k} for e, t, k in q.bindings],
+        "policy": dict(q.policy_source),
     }
 
 
-def consumer_info(q: Queue, c: Any, now: float) -> dict[str, Any]:
-    since = c.last_ack if c.last_ack is not None else c.first_delivery
+def consumer_json(c: ConsumerInfo, now: float) -> dict[str, Any]:
+    since = c.ack_clock
     return {
-        "vhost": q.vhost.name,
-        "queue": q.name,
+        "vhost": c.vhost,
+        "queue": c.queue,
         "tag": c.tag,
-        "connection": c.channel.connection_id,
-        "channel": c.channel.id,
+        "connection": c.connection_id,
+        "channel": c.channel_id,
         "unacked": c.unacked,
         "prefetch": c.prefetch,
         "no_ack": c.no_ack,
         "isolated": c.isolated,
-        "delivered": c.delivered_total,
+        "delivered": c.delivered,
         "last_ack_age_s": round(now - since, 3) if since is not None else None,
     }
 
@@ -110,64 +96,51 @@ def _jsonable(v: Any) -> Any:
 
 
 class Admin:
-    """The operations behind the HTTP API; each runs on the broker's loop."""
+    """The operations behind the HTTP API, on the core API; each runs on the broker's loop."""
 
-    def __init__(self, running: Running) -> None:
-        self.running = running
+    def __init__(self, api: BrokerAPI, reloader: Reloader) -> None:
+        self.api = api
+        self.reloader = reloader
 
-    @property
-    def broker(self) -> Broker:
-        return self.running.broker
-
-    def on_loop(self, fn: Callable[[], Any]) -> Any:
-        return self.broker.call_on_loop(fn)
-
-    def _queue(self, vhost: str, name: str) -> Queue:
-        vh = self.broker.vhosts.get(vhost)
-        q = vh.queues.get(name) if vh is not None else None
-        if q is None:
-            raise AdminError(404, f"no queue '{name}' in vhost '{vhost}'")
-        return q
+    def on_loop(self, fn: Callable[[], T]) -> T:
+        try:
+            result: T = self.api.call_on_loop(fn)
+        except NotFound as exc:
+            raise AdminError(404, str(exc)) from None
+        return result
 
     def overview(self) -> dict[str, Any]:
         def read() -> dict[str, Any]:
-            b = self.broker
-            queues = [q for vh in b.vhosts.values() for q in vh.queues.values()]
+            api = self.api
+            queues = api.queues()
+            consumers = api.consumers()
             return {
                 "product": "plugbroker",
-                "version": _pkg.__version__,
-                "connections": len(b.connections),
-                "vhosts": sorted(b.vhosts),
+                "version": api.version,
+                "connections": len(api.connections()),
+                "vhosts": sorted(api.vhosts()),
                 "queues": len(queues),
-                "messages": sum(len(q.held) for q in queues),
-                "consumers": sum(len(q.consumers) for q in queues),
-                "isolated": sum(c.isolated for q in queues for c in q.consumers),
-                "delayed_pending": sum(vh.delayed_pending for vh in b.vhosts.values()),
-                "alarm": b.alarm,
-                "plugins": list(getattr(b.hooks, "names", lambda: ())()),
+                "messages": sum(q.messages for q in queues),
+                "consumers": len(consumers),
+                "isolated": sum(c.isolated for c in consumers),
+                "delayed_pending": api.delayed_pending(),
+                "alarm": api.alarm,
+                "plugins": list(api.plugin_names()),
             }
 
         return self.on_loop(read)
 
     def queues(self) -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
-            now = self.broker.clock.monotonic()
-            return [
-                queue_info(q, now) for vh in self.broker.vhosts.values() for q in vh.queues.values()
-            ]
+            now = self.api.clock.monotonic()
+            return [queue_json(q, now) for q in self.api.queues()]
 
         return self.on_loop(read)
 
     def consumers(self, isolated_only: bool = False) -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
-            now = self.broker.clock.monotonic()
-            return [
-                consumer_info(q, c, now)
-                for vh in self.broker.vhosts.values()
-                for q in vh.queues.values()
-                for c in q.consumers
-                if c.isolated or not isolated_only
-            ]
+            now = self.api.clock.monotonic()
+            return [consumer_json(c, now) for c in self.api.consumers(isolated_only=isolated_only)]
 
         return self.on_loop(read)
 
@@ -178,57 +151,44 @@ class Admin:
                     "id": c.id,
                     "peer": c.peer,
                     "user": c.user,
-                    "vhost": c.vhost.name if c.vhost is not None else None,
-                    "channels": len(c.channels),
+                    "vhost": c.vhost,
+                    "channels": c.channels,
                     "heartbeat": c.heartbeat,
                     "blocked": c.blocked,
                 }
-                for c in self.broker.connections.values()
+                for c in self.api.connections()
             ]
 
         return self.on_loop(read)
 
     def dead_letters(self) -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
-            out = []
-            for vh in self.broker.vhosts.values():
-                for name, reasons in sorted(vh.dead_letter_queues.items()):
-                    q = vh.queues.get(name)
-                    out.append(
-                        {
-                            "vhost": vh.name,
-                            "queue": name,
-                            "messages": len(q.held) if q is not None else 0,
-                            "received_by_reason": dict(reasons),
-                        }
-                    )
-            return out
+            return [
+                {
+                    "vhost": d.vhost,
+                    "queue": d.queue,
+                    "messages": d.messages,
+                    "received_by_reason": dict(d.received_by_reason),
+                }
+                for d in self.api.dead_letters()
+            ]
 
         return self.on_loop(read)
 
     def messages(self, vhost: str, name: str, limit: int = 20) -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
-            q = self._queue(vhost, name)
-            out = []
-            for i, m in enumerate(q.ready):
-                if i >= limit:
-                    break
-                try:
-                    props = props_codec.decode_lenient(m.properties)
-                except Exception:
-                    props = {}
-                out.append(
-                    {
-                        "id": m.id,
-                        "exchange": m.exchange,
-                        "routing_key": m.routing_key,
-                        "size": m.body_size,
-                        "delivery_count": m.delivery_count,
-                        "redelivered": m.redelivered,
-                        "properties": _jsonable(props),
-                    }
-                )
-            return out
+            return [
+                {
+                    "id": m.id,
+                    "exchange": m.exchange,
+                    "routing_key": m.routing_key,
+                    "size": m.size,
+                    "delivery_count": m.delivery_count,
+                    "redelivered": m.redelivered,
+                    "properties": _jsonable(m.decoded_properties()),
+                }
+                for m in self.api.messages(vhost, name, limit=limit)
+            ]
 
         return self.on_loop(read)
 
@@ -238,40 +198,40 @@ class Admin:
         gone stay where they are."""
 
         def run() -> dict[str, Any]:
-            moved, kept = fate.redrive(self._queue(vhost, name), limit)
+            result = self.api.redrive(vhost, name, limit=limit)
             log.info(
                 "redrive of '%s' in vhost '%s': %s moved back, %d kept",
                 name,
                 vhost,
-                moved or "nothing",
-                kept,
+                dict(result.moved) or "nothing",
+                result.kept,
             )
-            return {"moved": moved, "kept": kept}
+            return {"moved": dict(result.moved), "kept": result.kept}
 
         return self.on_loop(run)
 
     def reload(self) -> dict[str, Any]:
-        cfg = self.running.prepare_reload()  # file I/O and parsing here, off the loop
+        cfg = self.reloader.prepare_reload()  # file I/O and parsing here, off the loop
         if cfg is None:
             raise AdminError(
                 400,
                 "reload refused: the configuration did not validate (see the "
                 "broker's log); the running configuration stays",
             )
-        self.on_loop(lambda: self.running.apply_reload(cfg))
+        self.on_loop(lambda: self.reloader.apply_reload(cfg))
         return {"reloaded": True}
 
     def metrics(self) -> str:
-        return self.on_loop(lambda: prometheus_text(self.broker))
+        return self.on_loop(lambda: prometheus_text(self.api))
 
 
 def _label(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def prometheus_text(b: Broker) -> str:
+def prometheus_text(api: BrokerAPI) -> str:
     """Metrics in the Prometheus text exposition format (0.0.4)."""
-    now = b.clock.monotonic()
+    now = api.clock.monotonic()
     lines: list[str] = []
 
     def family(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
@@ -280,41 +240,47 @@ def prometheus_text(b: Broker) -> str:
         for labels, value in samples:
             lines.append(f"{name}{{{labels}}} {value:g}" if labels else f"{name} {value:g}")
 
-    queues = [q for vh in b.vhosts.values() for q in vh.queues.values()]
+    queues = api.queues()
 
-    def ql(q: Queue) -> str:
-        return f'vhost="{_label(q.vhost.name)}",queue="{_label(q.name)}"'
+    def ql(vhost: str, queue: str) -> str:
+        return f'vhost="{_label(vhost)}",queue="{_label(queue)}"'
 
     family(
-        "plugbroker_connections", "gauge", "Open client connections.", [("", len(b.connections))]
+        "plugbroker_connections",
+        "gauge",
+        "Open client connections.",
+        [("", len(api.connections()))],
     )
     family(
         "plugbroker_queue_messages",
         "gauge",
         "Messages held: ready, unacked and delayed.",
-        [(ql(q), len(q.held)) for q in queues],
+        [(ql(q.vhost, q.name), q.messages) for q in queues],
     )
     family(
         "plugbroker_queue_messages_ready",
         "gauge",
         "Messages ready for delivery.",
-        [(ql(q), len(q.ready)) for q in queues],
+        [(ql(q.vhost, q.name), q.ready) for q in queues],
     )
     family(
         "plugbroker_queue_messages_unacked",
         "gauge",
         "Messages delivered, not yet acked.",
-        [(ql(q), q.unacked_count) for q in queues],
+        [(ql(q.vhost, q.name), q.unacked) for q in queues],
     )
     family(
-        "plugbroker_queue_bytes", "gauge", "Body bytes held.", [(ql(q), q.bytes) for q in queues]
+        "plugbroker_queue_bytes",
+        "gauge",
+        "Body bytes held.",
+        [(ql(q.vhost, q.name), q.bytes) for q in queues],
     )
     family(
         "plugbroker_queue_oldest_message_age_seconds",
         "gauge",
         "Age of the oldest message held (0 when empty).",
         [
-            (ql(q), (now - q.oldest_arrival) if q.oldest_arrival is not None else 0.0)
+            (ql(q.vhost, q.name), (now - q.oldest_arrival) if q.oldest_arrival is not None else 0.0)
             for q in queues
         ],
     )
@@ -322,32 +288,35 @@ def prometheus_text(b: Broker) -> str:
         "plugbroker_queue_consumers",
         "gauge",
         "Consumers of the queue.",
-        [(ql(q), len(q.consumers)) for q in queues],
+        [(ql(q.vhost, q.name), q.consumers) for q in queues],
     )
     family(
         "plugbroker_queue_acks_total",
         "counter",
         "Messages settled since the queue was declared.",
-        [(ql(q), q.acks_total) for q in queues],
+        [(ql(q.vhost, q.name), q.acks_total) for q in queues],
     )
-    consumers = [(q, c) for q in queues for c in q.consumers]
+    consumers = api.consumers()
     family(
         "plugbroker_consumer_unacked",
         "gauge",
         "Unacked messages a consumer holds.",
-        [(f'{ql(q)},consumer="{_label(c.tag)}"', c.unacked) for q, c in consumers],
+        [(f'{ql(c.vhost, c.queue)},consumer="{_label(c.tag)}"', c.unacked) for c in consumers],
     )
     family(
         "plugbroker_consumer_isolated",
         "gauge",
         "1 while the consumer is on the blocklist.",
-        [(f'{ql(q)},consumer="{_label(c.tag)}"', int(c.isolated)) for q, c in consumers],
+        [
+            (f'{ql(c.vhost, c.queue)},consumer="{_label(c.tag)}"', int(c.isolated))
+            for c in consumers
+        ],
     )
     family(
         "plugbroker_delayed_messages",
         "gauge",
         "Messages held by delayed exchanges.",
-        [(f'vhost="{_label(vh.name)}"', vh.delayed_pending) for vh in b.vhosts.values()],
+        [(f'vhost="{_label(vh)}"', api.delayed_pending(vh)) for vh in api.vhosts()],
     )
     family(
         "plugbroker_policy_actions_total",
@@ -355,14 +324,14 @@ def prometheus_text(b: Broker) -> str:
         "Policy actions by policy and outcome.",
         [
             (f'policy="{_label(p)}",outcome="{_label(o)}"', n)
-            for (p, o), n in sorted(b.action_counts.items())
+            for (p, o), n in sorted(api.policy_action_counts().items())
         ],
     )
     family(
         "plugbroker_resource_alarm",
         "gauge",
         "1 while a resource alarm blocks publishers.",
-        [("", int(b.alarm is not None))],
+        [("", int(api.alarm is not None))],
     )
     return "\n".join(lines) + "\n"
 
@@ -385,7 +354,7 @@ class _Handler(BaseHTTPRequestHandler):
             user, _, password = base64.b64decode(header[6:]).decode().partition(":")
         except Exception:
             return False
-        return self.server.admin.broker.authenticate(user, password)
+        return self.server.admin.api.authenticate(user, password)
 
     def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
         data = (body if isinstance(body, str) else json.dumps(body, indent=1)).encode()
@@ -462,8 +431,8 @@ class _Server(ThreadingHTTPServer):
 class AdminServer:
     """Serves :class:`Admin` over HTTP on ``host:port`` from a thread of its own."""
 
-    def __init__(self, running: Running, host: str, port: int) -> None:
-        self.admin = Admin(running)
+    def __init__(self, api: BrokerAPI, reloader: Reloader, host: str, port: int) -> None:
+        self.admin = Admin(api, reloader)
         self._httpd = _Server((host, port), _Handler)
         self._httpd.admin = self.admin
         self.host = host

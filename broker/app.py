@@ -15,30 +15,22 @@ import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from broker.clock import Clock, SystemClock
-from broker.domain import fate
+from broker.core.api import BrokerAPI
 from broker.domain.message import MessageIds
-from broker.domain.queue import SHARED, Consumer, Queue
+from broker.domain.queue import SHARED, Queue
 from broker.domain.timers import Timers
 from broker.domain.vhost import NoHooks, VirtualHost
 from broker.errors import RESOURCE_ERROR
 from broker.policy import (
     Action,
-    CancelConsumer,
-    CloseConsumerChannels,
     ConsumerView,
-    DeleteQueue,
-    IsolateConsumer,
-    LogOnly,
     QueueView,
-    ReleaseConsumer,
-    SetPrefetch,
     Snapshot,
-    Spared,
 )
 from broker.store import MemoryStore
 
@@ -47,7 +39,6 @@ if TYPE_CHECKING:
     from broker.session import Connection
 
 log = logging.getLogger("broker")
-policy_log = logging.getLogger("broker.policy")
 
 
 #: how long the broker waits for connection.close-ok before dropping the socket
@@ -90,6 +81,8 @@ class Broker:
         for name_ in config.vhosts:
             self._add_vhost(name_)
         self._loop_thread: int | None = None
+        #: the narrow door plugins, admin and journal use (views and commands)
+        self.api = BrokerAPI(self)
 
     # ------------------------------------------------------------------ setup
 
@@ -281,7 +274,7 @@ class Broker:
                 self._add_vhost(name)
         h = self.hooks.config_reloaded
         if h is not None:
-            h(broker=self, config=config)
+            h(broker=self.api, config=config)
 
     # ------------------------------------------------------------------ snapshot / actions
 
@@ -383,117 +376,9 @@ class Broker:
             + ((tuple(q.getters),) if q.getters else ((),)),
         )
 
-    def apply_actions(self, actions: Iterable[Action]) -> list[str]:
-        """Apply policy actions on the loop, re-checking each; returns each one's outcome."""
-        outcomes = []
-        for a in actions:
-            try:
-                outcome = self._apply(a)
-            except Exception:
-                log.exception("applying %r failed", a)
-                outcome = "failed"
-            outcomes.append(outcome)
-            key = (a.policy, outcome)
-            self.action_counts[key] = self.action_counts.get(key, 0) + 1
-            h = self.hooks.policy_action
-            if h is not None:
-                h(action=a, outcome=outcome)
-        self.end_of_turn()
-        return outcomes
-
-    def _apply(self, a: Action) -> str:
-        vh = self.vhosts.get(a.vhost)
-        q = vh.queues.get(a.queue) if vh is not None else None
-        what = f"{a.policy}: vhost '{a.vhost}' queue '{a.queue}'" + (
-            f" {a.threshold} configured {a.configured:g} measured {a.measured:g}"
-            if a.threshold and a.configured is not None and a.measured is not None
-            else ""
-        )
-        if q is not None:
-            what += f" consumers [{', '.join(c.tag for c in q.consumers)}]"
-        if isinstance(a, LogOnly):
-            policy_log.warning("%s: would act (%s) [log only]", what, a.reason)
-            return "logged"
-        if isinstance(a, Spared):
-            policy_log.warning("%s: spared: %s", what, a.reason)
-            return "spared"
-        if q is None or q.deleted:
-            return "stale"
-        if isinstance(a, CloseConsumerChannels):
-            channels: dict[int, Any] = {}
-            for cons in q.consumers:
-                channels[id(cons.channel)] = cons.channel
-            for conn_id, ch_id in list(q.getters):
-                conn = self.connections.get(conn_id)
-                ch = conn.channels.get(ch_id) if conn is not None else None
-                if ch is not None:
-                    channels[id(ch)] = ch
-            tags = [c.tag for c in q.consumers]
-            for ch in channels.values():
-                ch.conn.close_channel(ch, a.code, a.text)
-            policy_log.warning(
-                "%s: closed %d channel(s) with %d %r (consumers %s): %s",
-                what,
-                len(channels),
-                a.code,
-                a.text,
-                ", ".join(tags) or "none",
-                a.reason,
-            )
-            return "applied"
-        if isinstance(a, DeleteQueue):
-            n = len(q.held)
-            q.vhost.delete_queue(q, reason=f"policy:{a.policy}", detail=a.reason)
-            policy_log.warning("%s: queue deleted, %d messages released: %s", what, n, a.reason)
-            return "applied"
-        c = self._find_consumer(q, getattr(a, "consumer_tag", ""), getattr(a, "connection_id", ""))
-        if c is None:
-            return "stale"
-        if isinstance(a, IsolateConsumer):
-            since = c.last_ack if c.last_ack is not None else c.first_delivery
-            if (
-                c.isolated
-                or c.unacked <= 0
-                or since is None
-                or (a.configured is not None and self.clock.monotonic() - since <= a.configured)
-            ):
-                return "stale"  # it acked (or lost its messages) since the snapshot
-            now = self.clock.monotonic()
-            moved = fate.isolate(c, now)
-            age = now - (c.last_ack if c.last_ack is not None else (c.first_delivery or now))
-            policy_log.warning(
-                "%s: consumer %s (connection %s) isolated: no ack for %.3f s, "
-                "%d unacked moved to the other consumers",
-                what,
-                c.tag,
-                c.channel.connection_id,
-                age,
-                moved,
-            )
-            return "applied"
-        if isinstance(a, ReleaseConsumer):
-            fate.release(c, a.reason)
-            return "applied"
-        if isinstance(a, CancelConsumer):
-            q.remove_consumer(c)
-            c.channel.consumer_cancelled_by_broker(c)
-            policy_log.warning("%s: consumer %s cancelled: %s", what, c.tag, a.reason)
-            return "applied"
-        if isinstance(a, SetPrefetch):
-            c.prefetch = a.prefetch
-            q.vhost.mark_dirty(q)
-            policy_log.warning(
-                "%s: consumer %s prefetch set to %d: %s", what, c.tag, a.prefetch, a.reason
-            )
-            return "applied"
-        return "unknown"
-
-    @staticmethod
-    def _find_consumer(q: Queue, tag: str, connection_id: str) -> Consumer | None:
-        for c in q.consumers:
-            if c.tag == tag and (not connection_id or c.channel.connection_id == connection_id):
-                return c
-        return None
+    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
+        """Apply policy actions on the loop (see :mod:`broker.core.actions`)."""
+        return self.api.apply_actions(actions)
 
     # ------------------------------------------------------------------ shutdown
 

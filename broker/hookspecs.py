@@ -30,8 +30,8 @@ import pluggy
 from broker.hookimpl import PROJECT_NAME
 
 if TYPE_CHECKING:
-    from broker.app import Broker
     from broker.config import BrokerConfig, ConfigElementRegistry
+    from broker.core.api import BrokerAPI
     from broker.decisions import DeadLetterTarget, RejectDecision
     from broker.policy import Action
     from broker.registry import Registrar
@@ -115,30 +115,32 @@ def broker_register(registry: Registrar) -> None:
 
 
 @hookspec
-def broker_startup(broker: Broker) -> None:
+def broker_startup(broker: BrokerAPI) -> None:
     """The broker has started: listeners are open and the housekeeping pool is running.
 
-    :param broker: the running broker (``broker.app.Broker``).
+    :param broker: the core API of the running broker (:class:`broker.core.api.BrokerAPI`):
+        views of its queues, consumers and connections, and the commands a plugin may give.
+        Keep it to use from later hooks; it stays valid until ``broker_shutdown``.
 
     Called once, on the loop, before the first connection is accepted. Not firstresult.
     """
 
 
 @hookspec
-def broker_shutdown(broker: Broker) -> None:
+def broker_shutdown(broker: BrokerAPI) -> None:
     """The broker is stopping: connections are closed, the store is still open.
 
-    :param broker: the stopping broker (``broker.app.Broker``).
+    :param broker: the core API of the stopping broker (:class:`broker.core.api.BrokerAPI`).
 
     Called once, on the loop, during a graceful shutdown (not after a kill). Not firstresult.
     """
 
 
 @hookspec
-def broker_config_reloaded(broker: Broker, config: BrokerConfig) -> None:
+def broker_config_reloaded(broker: BrokerAPI, config: BrokerConfig) -> None:
     """A new configuration passed validation and is now in effect.
 
-    :param broker: the running broker (``broker.app.Broker``).
+    :param broker: the core API of the running broker (:class:`broker.core.api.BrokerAPI`).
     :param config: the configuration now in effect (``broker.config.BrokerConfig``).
 
     Called on the loop after a reload (SIGHUP or the admin command) succeeded; a reload that
@@ -337,6 +339,7 @@ def broker_message_delivered(
     delivery_tag: int,
     message: MessageView,
     redelivered: bool,
+    no_ack: bool,
 ) -> None:
     """A message was handed to a consumer (basic.deliver) or a poller (basic.get-ok).
 
@@ -348,6 +351,7 @@ def broker_message_delivered(
     :param delivery_tag: the delivery tag on that channel.
     :param message: the message; read-only.
     :param redelivered: the redelivered flag sent with it.
+    :param no_ack: delivered with no-ack: it is settled as it is sent and no ack will follow.
 
     Called when the frames are written to the connection's buffer. Not firstresult.
     """
@@ -373,7 +377,9 @@ def broker_message_acked(
 
     Called once per message (a ``multiple`` ack calls it for each message it covers). A message
     delivered with no-ack is settled on delivery and not reported here: its
-    ``broker_message_delivered`` call is the last. Not firstresult.
+    ``broker_message_delivered`` call (with ``no_ack=True``) is the last. A late ack from an
+    isolated consumer for a message nobody has received since is reported here too. Not
+    firstresult.
     """
 
 

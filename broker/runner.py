@@ -76,7 +76,7 @@ class Running:
         await self.server.stop()
         h = getattr(self.plugins, "shutdown", None)
         if h is not None:
-            h(broker=self.broker)
+            h(broker=self.broker.api)
         self.broker.store.close()
 
     def reload(self, path: Path | None = None) -> bool:
@@ -152,14 +152,14 @@ async def start_broker(
     await server.start()
     running = Running(b, server, config, plugins, extras={"config_registry": registry})
     if plugins.startup is not None:
-        plugins.startup(broker=b)
+        plugins.startup(broker=b.api)
     b.resolve_all()  # plugins' policy decisions (e.g. delivery limits) for existing queues
     if housekeeping and plugins.registry.jobs():
         from broker.housekeeping import Housekeeping
 
         hk = Housekeeping(
             plugins.registry,
-            b,
+            b.api,
             threads=config.housekeeping_threads,
             default_period=config.housekeeping_period,
             period_for=lambda key: period_for(b.config, key),
@@ -169,7 +169,7 @@ async def start_broker(
     if config.admin is not None:
         from broker.admin import AdminServer
 
-        running.admin = AdminServer(running, *config.admin).start()
+        running.admin = AdminServer(b.api, running, *config.admin).start()
     return running
 
 

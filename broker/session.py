@@ -174,6 +174,7 @@ class Channel:
                 delivery_tag=tag,
                 message=msg,
                 redelivered=msg.redelivered,
+                no_ack=consumer.no_ack,
             )
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
@@ -1019,6 +1020,7 @@ class Connection:
                 delivery_tag=tag,
                 message=m,
                 redelivered=m.redelivered,
+                no_ack=no_ack,
             )
 
     def _basic_ack(self, ch: Channel, a: tuple[Any, ...]) -> None:

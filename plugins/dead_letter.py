@@ -23,20 +23,22 @@ For every queue a ``<deadLetter>`` element applies to:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.decisions import DeadLetterTarget
 from broker.hookimpl import hookimpl
+
+if TYPE_CHECKING:
+    from broker.core.api import BrokerAPI
 
 log = logging.getLogger("plugins.dead_letter")
 
 
 class DeadLetterPlugin:
-    """Holds the broker reference (hooks name queues; the policy lives on the queue)."""
+    """Holds the core API (hooks name queues; the policy is the queue's resolved policy)."""
 
     def __init__(self) -> None:
-        self.broker: Any = None
-        self.registry: Any = None
+        self.broker: BrokerAPI | None = None
         self._pending: list[tuple[str, str, bool]] = []
         self._backoffs: dict[int, Any] = {}
         #: queues this plugin made (retry and dead-letter queues): they get no retry queue and
@@ -49,9 +51,7 @@ class DeadLetterPlugin:
         b = self.broker
         if b is None or (vhost, queue) in self._made:
             return None
-        vh = b.vhosts.get(vhost)
-        q = vh.queues.get(queue) if vh is not None else None
-        pol = q.policy if q is not None else None
+        pol = b.queue_policy(vhost, queue)
         return pol.get("deadLetter") if pol else None
 
     def _retry_queue_for(self, vhost: str, queue: str, durable: bool) -> None:
@@ -59,11 +59,12 @@ class DeadLetterPlugin:
         if cfg is None or cfg.retry is None:
             return
         name = cfg.retry.queue_name(queue)
-        vh = self.broker.vhosts[vhost]
-        if name in vh.queues or name == queue:
+        api = self.broker
+        if api is None or name == queue or api.queue(vhost, name) is not None:
             return
         self._made.add((vhost, name))
-        vh.declare_queue(
+        api.declare_queue(
+            vhost,
             name,
             durable=durable,
             arguments={
@@ -76,11 +77,7 @@ class DeadLetterPlugin:
     # ------------------------------------------------------------------ hooks
 
     @hookimpl(trylast=True)
-    def broker_register(self, registry: Any) -> None:
-        self.registry = registry
-
-    @hookimpl(trylast=True)
-    def broker_startup(self, broker: Any) -> None:
+    def broker_startup(self, broker: BrokerAPI) -> None:
         self.broker = broker
         pending, self._pending = self._pending, []
         for vhost, queue, durable in pending:
@@ -125,10 +122,9 @@ class DeadLetterPlugin:
         return float(impl.next(redeliveries))
 
     def _backoff_factory(self, name: str) -> Any:
-        reg = getattr(self.broker.hooks, "registry", None)
-        if reg is None:
-            raise LookupError(f"backoff {name!r}: no plugin registry")
-        return reg.backoff(name)
+        if self.broker is None:
+            raise LookupError(f"backoff {name!r}: the broker has not started")
+        return self.broker.backoff_factory(name)
 
     @hookimpl(trylast=True)
     def broker_dead_letter_target(

@@ -52,8 +52,8 @@ import pyarrow.parquet as pq
 from broker.hookimpl import hookimpl
 
 if TYPE_CHECKING:
-    from broker.app import Broker
     from broker.config import BrokerConfig
+    from broker.core.api import BrokerAPI
     from broker.policy import Action
 
 log = logging.getLogger("plugins.journal")
@@ -599,9 +599,9 @@ class Recorder:
     builds one tuple and appends it to the journal's buffer: no I/O, no locking, no formatting.
     """
 
-    def __init__(self, broker: Broker, journal: Journal) -> None:
+    def __init__(self, broker: BrokerAPI, journal: Journal) -> None:
         self.journal = journal
-        self._vhosts = broker.vhosts
+        self._api = broker
         self._buf = journal.buffer
         self._max = journal.max_buffer
         self._now = journal.clock
@@ -647,13 +647,10 @@ class Recorder:
         delivery_tag: int,
         message: Any,
         redelivered: bool,
+        no_ack: bool,
     ) -> None:
         buf = self._buf
         if len(buf) < self._max:
-            # a no-ack delivery is settled before this hook runs: the queue no longer holds it
-            vh = self._vhosts.get(vhost)
-            q = vh.queues.get(queue) if vh is not None else None
-            no_ack = q is None or message.id not in q.held
             buf.append(
                 (
                     DELIVERED,
@@ -918,106 +915,92 @@ class Recorder:
     # -- helpers (off the per-message path) ---------------------------------------------------
 
     def _consumer(self, vhost: str, queue: str, tag: str, connection_id: str) -> Any:
-        vh = self._vhosts.get(vhost)
-        q = vh.queues.get(queue) if vh is not None else None
-        for c in getattr(q, "consumers", ()):
-            if c.tag == tag and getattr(c.channel, "connection_id", connection_id) == connection_id:
-                return c
-        return None
+        return self._api.consumer(vhost, queue, tag, connection_id)
 
     def _declared(
         self, vhost: str, queue: str, durable: bool, reason: str | None
     ) -> tuple[Any, ...]:
-        vh = self._vhosts.get(vhost)
-        q = vh.queues.get(queue) if vh is not None else None
+        q = self._api.queue(vhost, queue)
         return (
             QUEUE_DECLARED,
             self._now(),
             vhost,
             queue,
             durable,
-            getattr(q, "exclusive_owner", None) is not None if q is not None else None,
-            getattr(q, "auto_delete", None),
-            getattr(q, "subscription_type", None),
+            q.exclusive if q is not None else None,
+            q.auto_delete if q is not None else None,
+            q.subscription_type if q is not None else None,
             reason,
         )
 
     def _exchange_type(self, vhost: str, exchange: str) -> str | None:
         """The exchange's effective type (the inner type of an x-delayed-message exchange), which
         is what policy resolution matches ``<topic>`` against."""
-        vh = self._vhosts.get(vhost)
-        ex = vh.exchanges.get(exchange) if vh is not None else None
-        if ex is None:
-            return None
-        etype = getattr(ex, "type", None)
-        if etype == "x-delayed-message":
-            etype = getattr(getattr(ex, "inner", None), "type", etype)
-        return etype
+        ex = self._api.exchange(vhost, exchange)
+        return ex.effective_type if ex is not None else None
 
-    def sync(self, broker: Broker) -> None:
+    def sync(self) -> None:
         """Record what exists when the journal starts (queues, bindings, consumers, messages), so a
         journal that starts on a running or restored broker can still be replayed."""
+        api = self._api
         now_wall = self._now()
-        now_mono = broker.clock.monotonic()
-        for vname, vh in broker.vhosts.items():
-            for q in list(vh.queues.values()):
-                self._put(self._declared(vname, q.name, q.durable, "existing"))
-                for ex_name, ex_type, key in q.bindings():
-                    etype = self._exchange_type(vname, ex_name) or ex_type
-                    self._put(
-                        (QUEUE_BOUND, now_wall, vname, q.name, ex_name, key, etype, "existing")
+        now_mono = api.clock.monotonic()
+        for q in api.queues():
+            vname = q.vhost
+            self._put(self._declared(vname, q.name, q.durable, "existing"))
+            for ex_name, ex_type, key in q.bindings:
+                etype = self._exchange_type(vname, ex_name) or ex_type
+                self._put((QUEUE_BOUND, now_wall, vname, q.name, ex_name, key, etype, "existing"))
+            for m in api.messages(vname, q.name, ready_only=False):
+                arrival = now_wall - max(0.0, now_mono - m.arrival)
+                self._put(
+                    (
+                        PUBLISHED,
+                        arrival,
+                        vname,
+                        m.exchange,
+                        m.routing_key,
+                        m.id,
+                        m.size,
+                        (q.name,),
+                        "existing",
                     )
-                for m in list(q.held.values()):
-                    arrival = now_wall - max(0.0, now_mono - m.arrival)
-                    self._put(
-                        (
-                            PUBLISHED,
-                            arrival,
-                            vname,
-                            m.exchange,
-                            m.routing_key,
-                            m.id,
-                            m.body_size,
-                            (q.name,),
-                            "existing",
-                        )
+                )
+            for c in api.consumers(vname, q.name):
+                self._put(
+                    (
+                        CONSUMER_ADDED,
+                        now_wall,
+                        vname,
+                        q.name,
+                        c.tag,
+                        c.connection_id,
+                        c.channel_id,
+                        c.no_ack,
+                        c.prefetch,
+                        c.exclusive,
+                        "existing",
                     )
-                for c in list(q.consumers):
-                    self._put(
-                        (
-                            CONSUMER_ADDED,
-                            now_wall,
-                            vname,
-                            q.name,
-                            c.tag,
-                            c.channel.connection_id,
-                            c.channel.id,
-                            c.no_ack,
-                            c.prefetch,
-                            c.exclusive,
-                            "existing",
-                        )
-                    )
-        for conn in list(broker.connections.values()):
-            for ch in list(getattr(conn, "channels", {}).values()):
-                for tag, (m, q, c) in list(getattr(ch, "unacked", {}).items()):
-                    self._put(
-                        (
-                            DELIVERED,
-                            now_wall,
-                            q.vhost.name,
-                            q.name,
-                            c.tag if c is not None else None,
-                            conn.id,
-                            ch.id,
-                            tag,
-                            m.id,
-                            m.body_size,
-                            m.delivery_count,
-                            m.redelivered,
-                            False,
-                        )
-                    )
+                )
+        for d in api.deliveries():
+            m = d.message
+            self._put(
+                (
+                    DELIVERED,
+                    now_wall,
+                    d.vhost,
+                    d.queue,
+                    d.consumer_tag,
+                    d.connection_id,
+                    d.channel_id,
+                    d.delivery_tag,
+                    m.id,
+                    m.size,
+                    m.delivery_count,
+                    m.redelivered,
+                    False,
+                )
+            )
 
 
 def action_event(now: float, action: Any, outcome: str) -> tuple[Any, ...]:
@@ -1053,46 +1036,43 @@ _RECORDERS: weakref.WeakKeyDictionary[Any, Recorder] = weakref.WeakKeyDictionary
 OPTIONS: dict[str, Any] = {}
 
 
-def start_recording(broker: Broker, path: Path) -> Recorder:
-    """Open a journal at ``path`` and register its recorder with ``broker``'s plugin host."""
+def start_recording(broker: BrokerAPI, path: Path) -> Recorder:
+    """Open a journal at ``path`` and register its recorder with the broker's plugin host."""
     journal = Journal(path, clock=broker.clock.time, **OPTIONS).start()
     rec = Recorder(broker, journal)
-    rec.sync(broker)
-    host: Any = broker.hooks
-    name = f"journal-recorder-{journal.run}"
-    host.register(rec, name=name)
+    rec.sync()
+    broker.register_plugin(rec, f"journal-recorder-{journal.run}")
     _RECORDERS[broker] = rec
     return rec
 
 
-def stop_recording(broker: Broker) -> None:
+def stop_recording(broker: BrokerAPI) -> None:
     """Unregister the recorder of ``broker`` (if any), then flush and close its journal."""
     rec = _RECORDERS.pop(broker, None)
     if rec is None:
         return
-    host: Any = broker.hooks
     try:
-        host.unregister(f"journal-recorder-{rec.journal.run}")
+        broker.unregister_plugin(f"journal-recorder-{rec.journal.run}")
     except Exception:  # the host may already be torn down
         log.debug("journal recorder was not registered", exc_info=True)
     rec.journal.close()
 
 
-def journal_of(broker: Broker) -> Journal | None:
+def journal_of(broker: BrokerAPI) -> Journal | None:
     """The open journal of ``broker``, or ``None``."""
     rec = _RECORDERS.get(broker)
     return rec.journal if rec is not None else None
 
 
 @hookimpl(trylast=True)
-def broker_startup(broker: Broker) -> None:
+def broker_startup(broker: BrokerAPI) -> None:
     path = broker.config.journal_path
     if path is not None and broker not in _RECORDERS:
         start_recording(broker, Path(path))
 
 
 @hookimpl(trylast=True)
-def broker_config_reloaded(broker: Broker, config: BrokerConfig) -> None:
+def broker_config_reloaded(broker: BrokerAPI, config: BrokerConfig) -> None:
     rec = _RECORDERS.get(broker)
     current = rec.journal.path if rec is not None else None
     wanted = Path(config.journal_path) if config.journal_path is not None else None
@@ -1105,7 +1085,7 @@ def broker_config_reloaded(broker: Broker, config: BrokerConfig) -> None:
 
 
 @hookimpl(trylast=True)
-def broker_shutdown(broker: Broker) -> None:
+def broker_shutdown(broker: BrokerAPI) -> None:
     stop_recording(broker)
 
 

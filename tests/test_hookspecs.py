@@ -56,6 +56,7 @@ CONTRACT: dict[str, tuple[str, ...]] = {
         "delivery_tag",
         "message",
         "redelivered",
+        "no_ack",
     ),
     "broker_message_acked": (
         "vhost",

@@ -319,7 +319,7 @@ def test_the_replay_rebuilds_the_live_broker_snapshot(broker_factory, tmp_path):
                 pass
 
         def take() -> tuple[Any, float, int]:
-            return (b.broker.snapshot(), b.broker.clock.time(), journal_of(b.broker).position())
+            return (b.broker.snapshot(), b.broker.clock.time(), journal_of(b.broker.api).position())
 
         live, wall, upto = b.call(take)
     finally:

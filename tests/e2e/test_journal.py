@@ -177,7 +177,7 @@ def test_without_a_journal_no_recorder_is_on_the_hot_path(broker_factory):
     assert "plugins.journal" in host.names()
     assert not any(n.startswith("journal-recorder") for n in host.names())
     assert "plugins.journal" not in host.implementers("broker_message_published")
-    assert journal_of(b.broker) is None
+    assert journal_of(b.broker.api) is None
 
 
 def test_a_reload_turns_the_journal_on_and_off(broker_factory, tmp_path):
@@ -185,15 +185,15 @@ def test_a_reload_turns_the_journal_on_and_off(broker_factory, tmp_path):
 
     path = write_config(tmp_path, name="reload.xml")
     b = broker_factory(config_path=path)
-    assert journal_of(b.broker) is None
+    assert journal_of(b.broker.api) is None
     write_config(tmp_path, journal=True, name="reload.xml")
     assert b.call(lambda: b.running.reload(path)) is True
-    assert journal_of(b.broker) is not None
+    assert journal_of(b.broker.api) is not None
     with kombu.Connection(b.url()) as conn:
         conn.SimpleQueue("after-reload").put({"x": 1})
     write_config(tmp_path, name="reload.xml")
     assert b.call(lambda: b.running.reload(path)) is True
-    assert journal_of(b.broker) is None
+    assert journal_of(b.broker.api) is None
     visible, hidden = files(tmp_path / "journal")
     assert visible and not hidden
     evs = rows(tmp_path / "journal")

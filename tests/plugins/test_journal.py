@@ -224,11 +224,13 @@ def test_the_recorder_hot_path_only_appends(tmp_path):
     clock = ManualClock(wall_offset=1_767_225_600.0)
     j = make(tmp_path, clock)
 
-    class Broker:
-        def __init__(self) -> None:
-            self.vhosts: dict[str, Any] = {}
+    class NoBroker:
+        """The hot-path hooks must not consult the broker at all."""
 
-    rec = J.Recorder(Broker(), j)  # type: ignore[arg-type]
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the recorder's hot path looked up {name!r}")
+
+    rec = J.Recorder(NoBroker(), j)  # type: ignore[arg-type]
     rec.broker_message_published(
         vhost="/", exchange="", routing_key="q", message=Msg(1), queues=("q",)
     )

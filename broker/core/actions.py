@@ -1,0 +1,186 @@
+"""How policy actions are applied: one handler per action type, through the core API only.
+
+A policy returns :class:`~broker.policy.Action` values; the housekeeping pool hands them to
+:func:`apply_actions` on the broker's loop. Each action type has one handler in
+:data:`HANDLERS` (``{Action type: handler}``), which re-checks that the action still holds (the
+queue and consumer are still there, the consumer did not ack since the snapshot) and returns
+the outcome: ``applied``, ``logged``, ``spared``, ``stale`` (nothing left to act on), ``failed``
+(the handler raised; logged) or ``unknown`` (no handler for the type). A subclass of an action
+type is applied by its base's handler unless it has one of its own.
+
+Handlers see only :class:`~broker.core.api.BrokerAPI`, so the same actions could be applied to
+another broker by another applier with the same table shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from broker.core.api import BrokerAPI
+from broker.policy import (
+    Action,
+    CancelConsumer,
+    CloseConsumerChannels,
+    DeleteQueue,
+    IsolateConsumer,
+    LogOnly,
+    ReleaseConsumer,
+    SetPrefetch,
+    Spared,
+)
+
+log = logging.getLogger("broker")
+policy_log = logging.getLogger("broker.policy")
+
+#: ``handler(api, action, what) -> outcome``; ``what`` is the log prefix naming the policy,
+#: the queue, the threshold and the consumers
+ActionHandler = Callable[[BrokerAPI, Action, str], str]
+
+
+def _log_only(api: BrokerAPI, a: Action, what: str) -> str:
+    policy_log.warning("%s: would act (%s) [log only]", what, a.reason)
+    return "logged"
+
+
+def _spared(api: BrokerAPI, a: Action, what: str) -> str:
+    policy_log.warning("%s: spared: %s", what, a.reason)
+    return "spared"
+
+
+def _close_consumer_channels(api: BrokerAPI, a: Action, what: str) -> str:
+    assert isinstance(a, CloseConsumerChannels)
+    if api.queue(a.vhost, a.queue) is None:
+        return "stale"
+    tags = [c.tag for c in api.consumers(a.vhost, a.queue)]
+    channels = api.queue_channels(a.vhost, a.queue)
+    for conn_id, ch_id in channels:
+        api.close_channel(conn_id, ch_id, a.code, a.text)
+    policy_log.warning(
+        "%s: closed %d channel(s) with %d %r (consumers %s): %s",
+        what,
+        len(channels),
+        a.code,
+        a.text,
+        ", ".join(tags) or "none",
+        a.reason,
+    )
+    return "applied"
+
+
+def _delete_queue(api: BrokerAPI, a: Action, what: str) -> str:
+    if api.queue(a.vhost, a.queue) is None:
+        return "stale"
+    n = api.delete_queue(a.vhost, a.queue, reason=f"policy:{a.policy}", detail=a.reason)
+    policy_log.warning("%s: queue deleted, %d messages released: %s", what, n, a.reason)
+    return "applied"
+
+
+def _isolate(api: BrokerAPI, a: Action, what: str) -> str:
+    assert isinstance(a, IsolateConsumer)
+    c = api.consumer(a.vhost, a.queue, a.consumer_tag, a.connection_id)
+    if c is None:
+        return "stale"
+    since = c.ack_clock
+    if (
+        c.isolated
+        or c.unacked <= 0
+        or since is None
+        or (a.configured is not None and api.clock.monotonic() - since <= a.configured)
+    ):
+        return "stale"  # it acked (or lost its messages) since the snapshot
+    moved = api.isolate(a.vhost, a.queue, c.tag, c.connection_id)
+    policy_log.warning(
+        "%s: consumer %s (connection %s) isolated: no ack for %.3f s, "
+        "%d unacked moved to the other consumers",
+        what,
+        c.tag,
+        c.connection_id,
+        api.clock.monotonic() - since,
+        moved or 0,
+    )
+    return "applied"
+
+
+def _release(api: BrokerAPI, a: Action, what: str) -> str:
+    assert isinstance(a, ReleaseConsumer)
+    ok = api.release(a.vhost, a.queue, a.consumer_tag, a.connection_id, reason=a.reason)
+    return "applied" if ok else "stale"
+
+
+def _cancel(api: BrokerAPI, a: Action, what: str) -> str:
+    assert isinstance(a, CancelConsumer)
+    if not api.cancel_consumer(a.vhost, a.queue, a.consumer_tag, a.connection_id):
+        return "stale"
+    policy_log.warning("%s: consumer %s cancelled: %s", what, a.consumer_tag, a.reason)
+    return "applied"
+
+
+def _set_prefetch(api: BrokerAPI, a: Action, what: str) -> str:
+    assert isinstance(a, SetPrefetch)
+    if not api.set_prefetch(a.vhost, a.queue, a.consumer_tag, a.connection_id, a.prefetch):
+        return "stale"
+    policy_log.warning(
+        "%s: consumer %s prefetch set to %d: %s", what, a.consumer_tag, a.prefetch, a.reason
+    )
+    return "applied"
+
+
+#: how each action type is applied
+HANDLERS: dict[type[Action], ActionHandler] = {
+    LogOnly: _log_only,
+    Spared: _spared,
+    CloseConsumerChannels: _close_consumer_channels,
+    DeleteQueue: _delete_queue,
+    IsolateConsumer: _isolate,
+    ReleaseConsumer: _release,
+    CancelConsumer: _cancel,
+    SetPrefetch: _set_prefetch,
+}
+
+
+def handler_for(action_type: type[Action]) -> ActionHandler | None:
+    """The handler of ``action_type``, or of its nearest base that has one."""
+    for cls in action_type.__mro__:
+        h = HANDLERS.get(cls)  # type: ignore[arg-type]
+        if h is not None:
+            return h
+    return None
+
+
+def describe(api: BrokerAPI, a: Action) -> str:
+    """The log prefix of an action: policy, queue, the threshold that fired, the consumers."""
+    what = f"{a.policy}: vhost '{a.vhost}' queue '{a.queue}'"
+    if a.threshold and a.configured is not None and a.measured is not None:
+        what += f" {a.threshold} configured {a.configured:g} measured {a.measured:g}"
+    if api.queue(a.vhost, a.queue) is not None:
+        what += f" consumers [{', '.join(c.tag for c in api.consumers(a.vhost, a.queue))}]"
+    return what
+
+
+def apply_actions(api: BrokerAPI, actions: Sequence[Action]) -> list[str]:
+    """Apply ``actions`` in order on the loop; returns each one's outcome.
+
+    Each outcome is counted (for metrics) and reported to ``broker_policy_action``; then what the
+    actions made ready is dispatched and written out.
+    """
+    outcomes = []
+    report = api.report_policy_action
+    for a in actions:
+        handler = handler_for(type(a))
+        if handler is None:
+            log.error("no handler for policy action %s from policy %r", type(a).__name__, a.policy)
+            outcome = "unknown"
+        else:
+            try:
+                outcome = handler(api, a, describe(api, a))
+            except Exception:
+                log.exception("applying %r failed", a)
+                outcome = "failed"
+        outcomes.append(outcome)
+        report(a, outcome)
+    api.end_of_turn()
+    return outcomes
+
+
+__all__ = ["HANDLERS", "ActionHandler", "apply_actions", "describe", "handler_for"]

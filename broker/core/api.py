@@ -1,0 +1,657 @@
+"""The core API: the one narrow door into a running broker.
+
+Plugins (through ``broker_startup``, ``broker_shutdown``, ``broker_config_reloaded``), the policy
+action handlers, the housekeeping pool, the admin interface and the event journal receive a
+:class:`BrokerAPI`. None of them touches a ``Queue``, ``Channel``, ``Connection`` or ``Broker``
+object: they read **views** (frozen, slotted dataclasses: a copy of the moment, safe to keep)
+and give **commands** that name their target by vhost, queue name, consumer tag and connection
+id, and say what they did.
+
+Every method runs on the broker's event loop, where hooks already run. Code on another thread
+(the admin server, a housekeeping job) goes through :meth:`BrokerAPI.call_on_loop`.
+
+What happens to a message is decided in :mod:`broker.domain.fate`; the commands here that move
+messages (isolate, release, redrive) call it, so their hooks fire as on any other path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import broker as _pkg
+from broker.codec import properties as props_codec
+from broker.domain import fate
+
+if TYPE_CHECKING:
+    from broker.app import Broker
+    from broker.clock import Clock
+    from broker.config import BrokerConfig
+    from broker.domain.message import Message
+    from broker.domain.queue import Consumer, Queue
+    from broker.policy import Action, Snapshot
+    from broker.session import Connection
+
+
+class NotFound(LookupError):
+    """A command named a vhost, queue, consumer or connection that does not exist.
+
+    The message is RabbitMQ's wording: ``no queue 'x' in vhost '/'``.
+    """
+
+
+# ------------------------------------------------------------------------------------- views
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """One queue and its running figures (every figure is O(1) to read)."""
+
+    vhost: str
+    name: str
+    durable: bool
+    auto_delete: bool
+    exclusive: bool
+    subscription_type: str
+    #: messages held: ready, delivered-unacked and delayed
+    messages: int
+    ready: int
+    unacked: int
+    delayed: int
+    #: body bytes of the messages held
+    bytes: int
+    #: monotonic arrival of the oldest message held, None when empty
+    oldest_arrival: float | None
+    #: messages settled since the queue was declared
+    acks_total: int
+    consumers: int
+    delivery_limit: int | None
+    retry_target: str | None
+    arguments: Mapping[str, Any]
+    #: ``(exchange, exchange type, binding key)`` per binding
+    bindings: tuple[tuple[str, str, str], ...]
+    #: the resolved policy sections by element name (``consumer``, ``isolation`` ...)
+    policy: Mapping[str, object]
+    #: the XML each policy section came from, by element name (for operators)
+    policy_source: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """One consumer of one queue."""
+
+    vhost: str
+    queue: str
+    tag: str
+    connection_id: str
+    channel_id: int
+    unacked: int
+    prefetch: int
+    no_ack: bool
+    exclusive: bool
+    isolated: bool
+    #: messages delivered to it so far
+    delivered: int
+    #: monotonic time of its last ack, nack or reject; None before the first
+    last_ack: float | None
+    #: monotonic time of its first delivery; None before it got one
+    first_delivery: float | None
+
+    @property
+    def ack_clock(self) -> float | None:
+        """When its ack clock started: its last settle, else its first delivery."""
+        return self.last_ack if self.last_ack is not None else self.first_delivery
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    id: str
+    peer: str
+    user: str
+    vhost: str | None
+    channels: int
+    heartbeat: int
+    #: publishers of a blocked connection are not read from (a resource alarm)
+    blocked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelInfo:
+    connection_id: str
+    id: int
+    consumers: tuple[str, ...]
+    unacked: int
+    prefetch_count: int
+    global_prefetch: int
+    confirm: bool
+    transactional: bool
+    flow: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeInfo:
+    vhost: str
+    name: str
+    type: str
+    #: the type that routes: an ``x-delayed-message`` exchange's ``x-delayed-type``
+    effective_type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MessageInfo:
+    """A message as a queue holds it (its body is not copied)."""
+
+    id: int
+    exchange: str
+    routing_key: str
+    size: int
+    delivery_count: int
+    redelivered: bool
+    persistent: bool
+    #: monotonic time it entered its queue
+    arrival: float
+    #: the raw content-header property bytes, as published
+    properties: bytes
+
+    def decoded_properties(self) -> dict[str, Any]:
+        """The properties decoded; a malformed table gives what could be read."""
+        try:
+            return props_codec.decode_lenient(self.properties)
+        except Exception:
+            return {}
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryInfo:
+    """A delivery waiting for its ack on some channel."""
+
+    vhost: str
+    queue: str
+    #: None for a basic.get delivery
+    consumer_tag: str | None
+    connection_id: str
+    channel_id: int
+    delivery_tag: int
+    message: MessageInfo
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterInfo:
+    """A queue that received dead letters, and how many by reason since the broker started."""
+
+    vhost: str
+    queue: str
+    messages: int
+    received_by_reason: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RedriveResult:
+    #: messages moved back, by the queue they went to
+    moved: Mapping[str, int]
+    #: messages left in the dead-letter queue (origin unknown or gone, or it refused them)
+    kept: int
+
+
+# ------------------------------------------------------------------------------------- the API
+
+
+class BrokerAPI:
+    """Views and commands over one running broker. See the module docstring."""
+
+    __slots__ = ("__weakref__", "_b")
+
+    def __init__(self, broker: Broker) -> None:
+        self._b = broker
+
+    # -- identity, time, configuration ----------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._b.name
+
+    @property
+    def version(self) -> str:
+        return _pkg.__version__
+
+    @property
+    def clock(self) -> Clock:
+        return self._b.clock
+
+    @property
+    def config(self) -> BrokerConfig:
+        """The configuration in effect (replaced as a whole by a reload)."""
+        return self._b.config
+
+    @property
+    def alarm(self) -> str | None:
+        """The resource alarm blocking publishers, or None."""
+        return self._b.alarm
+
+    def call_on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the broker's loop and return its result (from another thread;
+        on the loop it runs at once). Raises once the loop has stopped."""
+        return self._b.call_on_loop(fn, *args)
+
+    def authenticate(self, user: str, password: str) -> bool:
+        """Whether ``user`` with ``password`` is a configured broker user."""
+        return self._b.authenticate(user, password)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def vhosts(self) -> tuple[str, ...]:
+        return tuple(self._b.vhosts)
+
+    def queues(self, vhost: str | None = None) -> list[QueueInfo]:
+        return [_queue_info(q) for q in self._queues(vhost)]
+
+    def queue(self, vhost: str, name: str) -> QueueInfo | None:
+        q = self._find_queue(vhost, name)
+        return _queue_info(q) if q is not None else None
+
+    def queue_policy(self, vhost: str, name: str) -> Mapping[str, object] | None:
+        """The resolved policy sections of a queue (None if there is no such queue). O(1): the
+        decision hooks call it per message."""
+        vh = self._b.vhosts.get(vhost)
+        q = vh.queues.get(name) if vh is not None else None
+        return q.policy if q is not None else None
+
+    def exchange(self, vhost: str, name: str) -> ExchangeInfo | None:
+        vh = self._b.vhosts.get(vhost)
+        ex = vh.exchanges.get(name) if vh is not None else None
+        if ex is None:
+            return None
+        inner = getattr(ex, "inner", None)
+        return ExchangeInfo(
+            vhost,
+            ex.name,
+            ex.type,
+            inner.type if inner is not None else ex.type,
+            ex.durable,
+            ex.auto_delete,
+            ex.internal,
+        )
+
+    def consumers(
+        self, vhost: str | None = None, queue: str | None = None, *, isolated_only: bool = False
+    ) -> list[ConsumerInfo]:
+        qs = self._queues(vhost) if queue is None else _opt(self._find_queue(vhost or "/", queue))
+        return [
+            _consumer_info(q, c) for q in qs for c in q.consumers if c.isolated or not isolated_only
+        ]
+
+    def consumer(
+        self, vhost: str, queue: str, tag: str, connection_id: str = ""
+    ) -> ConsumerInfo | None:
+        q = self._find_queue(vhost, queue)
+        c = _find_consumer(q, tag, connection_id) if q is not None else None
+        return _consumer_info(q, c) if q is not None and c is not None else None
+
+    def connections(self) -> list[ConnectionInfo]:
+        return [
+            ConnectionInfo(
+                c.id,
+                c.peer,
+                c.user,
+                c.vhost.name if c.vhost is not None else None,
+                len(c.channels),
+                c.heartbeat,
+                c.blocked,
+            )
+            for c in self._b.connections.values()
+        ]
+
+    def channels(self, connection_id: str | None = None) -> list[ChannelInfo]:
+        conns: Iterable[Connection] = (
+            self._b.connections.values()
+            if connection_id is None
+            else _opt(self._b.connections.get(connection_id))
+        )
+        return [
+            ChannelInfo(
+                conn.id,
+                ch.id,
+                tuple(ch.consumers),
+                len(ch.unacked),
+                ch.prefetch_consumer,
+                ch.prefetch_global,
+                ch.confirm,
+                ch.tx,
+                ch.flow,
+            )
+            for conn in conns
+            for ch in conn.channels.values()
+        ]
+
+    def deliveries(self) -> Iterator[DeliveryInfo]:
+        """Every delivery waiting for an ack, channel by channel (O(unacked messages))."""
+        for conn in list(self._b.connections.values()):
+            for ch in list(conn.channels.values()):
+                for tag, (m, q, c) in list(ch.unacked.items()):
+                    yield DeliveryInfo(
+                        q.vhost.name,
+                        q.name,
+                        c.tag if c is not None else None,
+                        conn.id,
+                        ch.id,
+                        tag,
+                        _message_info(m),
+                    )
+
+    def messages(
+        self, vhost: str, queue: str, *, limit: int | None = None, ready_only: bool = True
+    ) -> list[MessageInfo]:
+        """The messages of a queue, oldest first: the ready ones (a peek), or with
+        ``ready_only=False`` every one it holds. O(limit), or O(messages) without a limit.
+
+        :raises NotFound: no such queue.
+        """
+        q = self._queue(vhost, queue)
+        source: Iterable[Message] = q.ready if ready_only else list(q.held.values())
+        out: list[MessageInfo] = []
+        for m in source:
+            if limit is not None and len(out) >= limit:
+                break
+            out.append(_message_info(m))
+        return out
+
+    def dead_letters(self) -> list[DeadLetterInfo]:
+        out = []
+        for vh in self._b.vhosts.values():
+            for name, reasons in sorted(vh.dead_letter_queues.items()):
+                q = vh.queues.get(name)
+                held = len(q.held) if q is not None else 0
+                out.append(DeadLetterInfo(vh.name, name, held, dict(reasons)))
+        return out
+
+    def delayed_pending(self, vhost: str | None = None) -> int:
+        """Messages held by delayed (``x-delayed-message``) exchanges."""
+        vhs = self._b.vhosts.values() if vhost is None else _opt(self._b.vhosts.get(vhost))
+        return sum(vh.delayed_pending for vh in vhs)
+
+    def policy_action_counts(self) -> Mapping[tuple[str, str], int]:
+        """Policy actions applied since start, by ``(policy, outcome)``."""
+        return dict(self._b.action_counts)
+
+    def plugin_names(self) -> tuple[str, ...]:
+        names = getattr(self._b.hooks, "names", None)
+        return tuple(names()) if callable(names) else ()
+
+    def snapshot(self, vhost: str | None = None, section: str | None = None) -> Snapshot:
+        """Every queue's running figures and consumers as a policy :class:`Snapshot`:
+        O(queues + consumers). With ``section``, only queues whose resolved policy has it."""
+        return self._b.snapshot(vhost, section)
+
+    # -- commands -------------------------------------------------------------------------------
+
+    def declare_queue(
+        self,
+        vhost: str,
+        name: str,
+        *,
+        durable: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> QueueInfo:
+        """Declare a queue (or find the existing one) as a client's queue.declare would.
+
+        :raises NotFound: no such vhost.
+        :raises broker.errors.ChannelError: arguments that a client would be refused for.
+        """
+        vh = self._vhost(vhost)
+        q, _ = vh.declare_queue(name, durable=durable, arguments=dict(arguments or {}))
+        return _queue_info(q)
+
+    def delete_queue(self, vhost: str, name: str, *, reason: str, detail: str = "") -> int:
+        """Delete a queue: its consumers are cancelled (``basic.cancel`` to clients that listen
+        for it), its messages released. Returns how many messages it held.
+
+        :raises NotFound: no such queue.
+        """
+        q = self._queue(vhost, name)
+        return q.vhost.delete_queue(q, reason=reason, detail=detail)
+
+    def purge_queue(self, vhost: str, name: str) -> int:
+        """Drop the ready messages of a queue; returns how many.
+
+        :raises NotFound: no such queue.
+        """
+        return self._queue(vhost, name).purge()
+
+    def close_channel(self, connection_id: str, channel_id: int, code: int, text: str) -> bool:
+        """Close one channel from the broker's side (its connection stays open). False if there
+        is no such open channel."""
+        conn = self._b.connections.get(connection_id)
+        ch = conn.channels.get(channel_id) if conn is not None else None
+        if conn is None or ch is None or ch.closing:
+            return False
+        conn.close_channel(ch, code, text)
+        return True
+
+    def close_connection(self, connection_id: str, text: str) -> bool:
+        """Close a connection with 320 ``CONNECTION_FORCED - text``. False if there is none."""
+        conn = self._b.connections.get(connection_id)
+        if conn is None:
+            return False
+        conn.force_close(text)
+        return True
+
+    def queue_channels(self, vhost: str, queue: str) -> list[tuple[str, int]]:
+        """``(connection_id, channel_id)`` of every open channel that consumes from the queue or
+        polled it with basic.get."""
+        q = self._find_queue(vhost, queue)
+        if q is None:
+            return []
+        out: dict[tuple[str, int], None] = {}
+        for c in q.consumers:
+            out[(c.channel.connection_id, c.channel.id)] = None
+        for conn_id, ch_id in q.getters:
+            conn = self._b.connections.get(conn_id)
+            if conn is not None and ch_id in conn.channels:
+                out[(conn_id, ch_id)] = None
+        return list(out)
+
+    def cancel_consumer(self, vhost: str, queue: str, tag: str, connection_id: str = "") -> bool:
+        """Cancel a consumer with a broker-sent ``basic.cancel``; its channel stays open."""
+        c = self._consumer(vhost, queue, tag, connection_id)
+        if c is None:
+            return False
+        c.queue.remove_consumer(c)
+        c.channel.consumer_cancelled_by_broker(c)
+        return True
+
+    def set_prefetch(
+        self, vhost: str, queue: str, tag: str, connection_id: str, prefetch: int
+    ) -> bool:
+        """Set one consumer's prefetch window (0: unlimited, within the unacked cap)."""
+        c = self._consumer(vhost, queue, tag, connection_id)
+        if c is None:
+            return False
+        c.prefetch = prefetch
+        c.queue.vhost.mark_dirty(c.queue)
+        return True
+
+    def isolate(self, vhost: str, queue: str, tag: str, connection_id: str = "") -> int | None:
+        """Blocklist a consumer and requeue its unacked messages to the others; returns how
+        many moved (0 if it was isolated already), None if there is no such consumer."""
+        c = self._consumer(vhost, queue, tag, connection_id)
+        if c is None:
+            return None
+        return fate.isolate(c, self._b.clock.monotonic())
+
+    def release(
+        self, vhost: str, queue: str, tag: str, connection_id: str = "", *, reason: str
+    ) -> bool:
+        """Take a consumer off the blocklist. False if there is no such consumer."""
+        c = self._consumer(vhost, queue, tag, connection_id)
+        if c is None:
+            return False
+        fate.release(c, reason)
+        return True
+
+    def redrive(self, vhost: str, queue: str, *, limit: int | None = None) -> RedriveResult:
+        """Move the ready messages of a dead-letter queue back to the queue each came from
+        (``REAL_TOPIC``, else its last ``x-death`` queue), as new messages with a fresh delivery
+        count. Messages whose origin is unknown, gone or full stay.
+
+        :raises NotFound: no such queue.
+        """
+        moved, kept = fate.redrive(self._queue(vhost, queue), limit)
+        return RedriveResult(moved, kept)
+
+    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
+        """Apply policy actions in order (see :mod:`broker.core.actions`); one outcome each."""
+        from broker.core.actions import apply_actions
+
+        return apply_actions(self, actions)
+
+    def report_policy_action(self, action: Action, outcome: str) -> None:
+        """Count an applied action (metrics) and tell the plugins (``broker_policy_action``)."""
+        counts = self._b.action_counts
+        key = (action.policy, outcome)
+        counts[key] = counts.get(key, 0) + 1
+        h = self._b.hooks.policy_action
+        if h is not None:
+            h(action=action, outcome=outcome)
+
+    def end_of_turn(self) -> None:
+        """Dispatch what the commands made ready and write out pending output now."""
+        self._b.end_of_turn()
+
+    # -- plugins --------------------------------------------------------------------------------
+
+    def register_plugin(self, plugin: object, name: str) -> None:
+        """Register a hook implementation object with the running broker's plugin host (for a
+        plugin that listens only while something is configured, like the journal)."""
+        self._b.hooks.register(plugin, name=name)
+
+    def unregister_plugin(self, name: str) -> None:
+        self._b.hooks.unregister(name)
+
+    def backoff_factory(self, name: str) -> Callable[[dict[str, str]], Any]:
+        """The factory a plugin registered for ``<backoff type="{name}">``.
+
+        :raises broker.registry.PluginError: nobody registered it.
+        """
+        registry = getattr(self._b.hooks, "registry", None)
+        if registry is None:
+            raise NotFound(f"backoff {name!r}: no plugin registry")
+        factory: Callable[[dict[str, str]], Any] = registry.backoff(name)
+        return factory
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _queues(self, vhost: str | None) -> list[Queue]:
+        vhs = self._b.vhosts.values() if vhost is None else _opt(self._b.vhosts.get(vhost))
+        return [q for vh in vhs for q in vh.queues.values()]
+
+    def _find_queue(self, vhost: str, name: str) -> Queue | None:
+        vh = self._b.vhosts.get(vhost)
+        return vh.queues.get(name) if vh is not None else None
+
+    def _vhost(self, vhost: str) -> Any:
+        vh = self._b.vhosts.get(vhost)
+        if vh is None:
+            raise NotFound(f"no vhost '{vhost}'")
+        return vh
+
+    def _queue(self, vhost: str, name: str) -> Queue:
+        q = self._find_queue(vhost, name)
+        if q is None:
+            raise NotFound(f"no queue '{name}' in vhost '{vhost}'")
+        return q
+
+    def _consumer(self, vhost: str, queue: str, tag: str, connection_id: str) -> Consumer | None:
+        q = self._find_queue(vhost, queue)
+        return _find_consumer(q, tag, connection_id) if q is not None else None
+
+
+# ------------------------------------------------------------------------------------- helpers
+
+
+def _opt(x: Any) -> list[Any]:
+    return [] if x is None else [x]
+
+
+def _find_consumer(q: Queue, tag: str, connection_id: str) -> Consumer | None:
+    for c in q.consumers:
+        if c.tag == tag and (not connection_id or c.channel.connection_id == connection_id):
+            return c
+    return None
+
+
+def _queue_info(q: Queue) -> QueueInfo:
+    pol = q.policy
+    source = getattr(pol, "source", None) or {}
+    return QueueInfo(
+        q.vhost.name,
+        q.name,
+        q.durable,
+        q.auto_delete,
+        q.exclusive_owner is not None,
+        q.subscription_type,
+        len(q.held),
+        len(q.ready),
+        q.unacked_count,
+        q.delayed,
+        q.bytes,
+        q.oldest_arrival,
+        q.acks_total,
+        len(q.consumers),
+        q.delivery_limit,
+        q.retry_target,
+        dict(q.arguments),
+        tuple(q.bindings()),
+        pol if pol else {},
+        {name: str(source.get(name, "")) for name in pol} if pol else {},
+    )
+
+
+def _consumer_info(q: Queue, c: Consumer) -> ConsumerInfo:
+    return ConsumerInfo(
+        q.vhost.name,
+        q.name,
+        c.tag,
+        c.channel.connection_id,
+        c.channel.id,
+        c.unacked,
+        c.prefetch,
+        c.no_ack,
+        c.exclusive,
+        c.isolated,
+        c.delivered_total,
+        c.last_ack,
+        c.first_delivery,
+    )
+
+
+def _message_info(m: Message) -> MessageInfo:
+    return MessageInfo(
+        m.id,
+        m.exchange,
+        m.routing_key,
+        m.body_size,
+        m.delivery_count,
+        m.redelivered,
+        m.persistent,
+        m.arrival,
+        m.properties,
+    )
+
+
+__all__ = [
+    "BrokerAPI",
+    "ChannelInfo",
+    "ConnectionInfo",
+    "ConsumerInfo",
+    "DeadLetterInfo",
+    "DeliveryInfo",
+    "ExchangeInfo",
+    "MessageInfo",
+    "NotFound",
+    "QueueInfo",
+    "RedriveResult",
+]
