@@ -1,0 +1,363 @@
+"""Message fate (broker/domain/fate.py) on a manual clock: every path, its outcome and its hooks.
+
+No sockets and no session: a recording channel stands in for the session's bookkeeping of
+delivery tags, and a recording hook object stands in for the plugin host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.clock import ManualClock
+from broker.codec import properties as P
+from broker.decisions import RejectDecision
+from broker.domain import fate
+from broker.domain.message import Message
+from broker.domain.queue import Consumer, Queue
+from broker.domain.timers import Timers
+from broker.domain.vhost import VirtualHost
+
+
+class Hooks:
+    """Records every hook call; decision hooks answer from ``answers``."""
+
+    NOTIFICATIONS = (
+        "message_acked",
+        "message_rejected",
+        "message_redelivered",
+        "message_dead_lettered",
+        "message_expired",
+        "message_dropped",
+        "consumer_isolated",
+        "consumer_released",
+    )
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.answers: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.NOTIFICATIONS:
+            return lambda **kw: self.calls.append((name, kw))
+        if name in self.answers:
+            answer = self.answers[name]
+            return lambda **kw: answer(**kw) if callable(answer) else answer
+        return None
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [kw for n, kw in self.calls if n == name]
+
+
+class Channel:
+    """Keeps unacked entries by delivery tag, as the session's channel does."""
+
+    def __init__(self, connection_id: str = "conn-1", channel_id: int = 1) -> None:
+        self.id = channel_id
+        self.connection_id = connection_id
+        self.unacked: dict[int, tuple[Message, Queue, Consumer]] = {}
+        self.moved: dict[int, tuple[Message, Queue, Consumer]] = {}
+        self.next_tag = 1
+
+    def can_deliver(self) -> bool:
+        return True
+
+    def deliver(self, consumer: Consumer, msg: Message, queue: Queue) -> None:
+        self.unacked[self.next_tag] = (msg, queue, consumer)
+        self.next_tag += 1
+        consumer.unacked += 1
+        if consumer.first_delivery is None:
+            consumer.first_delivery = queue.vhost.clock.monotonic()
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        pass
+
+    def take_unacked(self, consumer: Consumer) -> list[Message]:
+        out = []
+        for tag, entry in list(self.unacked.items()):
+            if entry[2] is consumer:
+                del self.unacked[tag]
+                self.moved[tag] = entry
+                out.append(entry[0])
+        return out
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def hooks() -> Hooks:
+    return Hooks()
+
+
+@pytest.fixture
+def vh(clock: ManualClock, hooks: Hooks) -> VirtualHost:
+    return VirtualHost("/", clock=clock, timers=Timers(clock), hooks=hooks)
+
+
+def put(vh: VirtualHost, q: Queue, *bodies: bytes, **props: Any) -> list[Message]:
+    out = []
+    for body in bodies:
+        raw = P.encode(props)
+        m = Message.from_publish(
+            vh.ids.next(), "", q.name, raw, body, len(body), vh.clock.monotonic(), vh.clock.time()
+        )
+        vh.deliver_to_queues([q], m)
+        out.append(m)
+    return out
+
+
+def consume(q: Queue, ch: Channel, tag: str = "c1", prefetch: int = 0) -> Consumer:
+    c = q.add_consumer(tag, ch, no_ack=False, exclusive=False, prefetch=prefetch, arguments={})
+    q.dispatch()
+    return c
+
+
+def with_dlq(vh: VirtualHost, name: str = "q", **args: Any) -> tuple[Queue, Queue]:
+    dlq, _ = vh.declare_queue("dlq")
+    vh.bind(vh.exchanges["amq.direct"], dlq, "dead", {})
+    q, _ = vh.declare_queue(
+        name,
+        arguments={
+            "x-dead-letter-exchange": "amq.direct",
+            "x-dead-letter-routing-key": "dead",
+            **args,
+        },
+    )
+    return q, dlq
+
+
+# --------------------------------------------------------------------------- settle
+
+
+def test_ack_settles_counts_and_reports_who_acked(vh, hooks, clock):
+    q, _ = vh.declare_queue("q")
+    [m] = put(vh, q, b"a")
+    ch = Channel()
+    c = consume(q, ch)
+    clock.advance(3)
+    fate.ack(q, m, c, ch, clock.monotonic())
+    assert (q.message_count, q.acks_total, c.unacked) == (0, 1, 0)
+    assert c.last_ack == clock.monotonic()
+    [acked] = hooks.named("message_acked")
+    assert acked["consumer_tag"] == "c1" and acked["connection_id"] == "conn-1"
+    assert acked["channel_id"] == 1 and acked["message"] is m
+
+
+def test_ack_by_an_isolated_consumer_releases_it(vh, hooks, clock):
+    q, _ = vh.declare_queue("q")
+    [m] = put(vh, q, b"a")
+    ch = Channel()
+    c = consume(q, ch)
+    c.isolated = True  # as if isolated after this delivery went out
+    fate.ack(q, m, c, ch, clock.monotonic())
+    assert not c.isolated
+    assert hooks.named("consumer_released")[0]["reason"] == "acked"
+
+
+def test_reject_without_requeue_dead_letters_with_reason_rejected(vh, hooks, clock):
+    q, dlq = with_dlq(vh)
+    [m] = put(vh, q, b"bad")
+    ch = Channel()
+    c = consume(q, ch)
+    fate.reject(q, m, c, ch, False, clock.monotonic())
+    assert q.message_count == 0 and c.unacked == 0
+    [dead] = list(dlq.ready)
+    assert dead.headers["x-death"][0]["reason"] == "rejected"
+    assert [n for n, _ in hooks.calls] == ["message_rejected", "message_dead_lettered"]
+
+
+def test_reject_without_requeue_and_without_target_drops_and_says_so(vh, hooks, clock):
+    q, _ = vh.declare_queue("q")
+    [m] = put(vh, q, b"bad")
+    ch = Channel()
+    c = consume(q, ch)
+    fate.reject(q, m, c, ch, False, clock.monotonic())
+    assert q.message_count == 0
+    assert hooks.named("message_dropped") == [
+        {"vhost": "/", "queue": "q", "message": m, "reason": "rejected"}
+    ]
+
+
+def test_requeue_comes_back_first_redelivered_and_counted(vh, hooks, clock):
+    q, _ = vh.declare_queue("q")
+    first, _second = put(vh, q, b"1", b"2")
+    ch = Channel()
+    c = consume(q, ch, prefetch=1)
+    fate.reject(q, first, c, ch, True, clock.monotonic())
+    assert q.ready.peek() is first
+    assert first.redelivered and first.delivery_count == 1
+    [redelivered] = hooks.named("message_redelivered")
+    assert redelivered["reason"] == "rejected" and redelivered["delivery_count"] == 1
+
+
+def test_the_delivery_limit_holds_on_reject_and_on_channel_close_alike(vh, hooks, clock):
+    q, dlq = with_dlq(vh, "q", **{"x-delivery-limit": 1})
+    a, b = put(vh, q, b"a", b"b")
+    ch = Channel()
+    c = consume(q, ch)
+    # first time round: both come back (count 1, within the limit of 1)
+    fate.reject(q, a, c, ch, True, clock.monotonic())
+    ch.unacked.clear()
+    fate.requeue(q, [b], "channel-closed")
+    assert sorted(m.delivery_count for m in q.ready) == [1, 1]
+    # second time round: both pass the limit, whichever path requeues them
+    fate.reject(q, a, c, ch, True, clock.monotonic())
+    fate.requeue(q, [b], "channel-closed")
+    assert q.message_count == 0
+    assert [m.headers["x-death"][0]["reason"] for m in dlq.ready] == [
+        "delivery_limit",
+        "delivery_limit",
+    ]
+    # a message that went to the dead-letter queue was not reported as redelivered
+    assert len(hooks.named("message_redelivered")) == 2
+
+
+def test_a_redelivery_delay_holds_the_message_back_on_the_clock(vh, hooks, clock):
+    hooks.answers["redelivery_delay"] = 5.0
+    q, _ = vh.declare_queue("q")
+    [m] = put(vh, q, b"later")
+    ch = Channel()
+    c = consume(q, ch)
+    fate.reject(q, m, c, ch, True, clock.monotonic())
+    assert (q.ready_count, q.delayed, q.message_count) == (0, 1, 1)
+    clock.advance(4.9)
+    vh.timers.run_due()
+    assert q.ready_count == 0
+    clock.advance(0.2)
+    vh.timers.run_due()
+    assert list(q.ready) == [m] and m.delivery_count == 1 and q.delayed == 0
+
+
+def test_a_plugins_reject_decision_wins(vh, hooks, clock):
+    hooks.answers["reject_decision"] = RejectDecision("dead-letter", reason="poison")
+    q, dlq = with_dlq(vh)
+    [m] = put(vh, q, b"x")
+    ch = Channel()
+    c = consume(q, ch)
+    fate.reject(q, m, c, ch, True, clock.monotonic())  # asked to requeue; the plugin says no
+    [dead] = list(dlq.ready)
+    assert dead.headers["x-death"][0]["reason"] == "poison"
+
+
+# --------------------------------------------------------------------------- isolation
+
+
+def test_isolation_moves_unacked_messages_and_a_late_ack_settles_one_not_yet_redelivered(
+    vh, hooks, clock
+):
+    q, _ = vh.declare_queue("q")
+    a, b = put(vh, q, b"a", b"b")
+    stuck_ch = Channel("stuck")
+    stuck = consume(q, stuck_ch, "stuck")
+    assert stuck.unacked == 2
+    clock.advance(10)
+    moved = fate.isolate(stuck, clock.monotonic())
+    assert moved == 2 and stuck.isolated and stuck.unacked == 0
+    assert [m.redelivered for m in q.ready] == [True, True]
+    [iso] = hooks.named("consumer_isolated")
+    assert iso["moved"] == 2 and iso["last_ack_age"] == 10.0
+    # the stuck consumer wakes up and acks its first message: nobody has it yet
+    msg, queue, cons = stuck_ch.moved.pop(1)
+    fate.late_settle(queue, msg, cons, stuck_ch, True, clock.monotonic())
+    assert not stuck.isolated
+    assert list(q.ready) == [b] and q.message_count == 1
+    assert hooks.named("message_acked")[0]["message"] is a
+    assert hooks.named("consumer_released")[0]["reason"] == "acked"
+
+
+def test_a_late_ack_for_a_message_already_redelivered_leaves_it_with_its_new_consumer(
+    vh, hooks, clock
+):
+    q, _ = vh.declare_queue("q")
+    put(vh, q, b"a")
+    stuck_ch = Channel("stuck")
+    stuck = consume(q, stuck_ch, "stuck")
+    fate.isolate(stuck, clock.monotonic())
+    other = consume(q, Channel("other"), "other")
+    assert other.unacked == 1
+    msg, queue, cons = stuck_ch.moved.pop(1)
+    fate.late_settle(queue, msg, cons, stuck_ch, True, clock.monotonic())
+    assert q.message_count == 1 and other.unacked == 1
+    assert hooks.named("message_acked") == []
+
+
+# --------------------------------------------------------------------------- moving on
+
+
+def test_redrive_moves_dead_letters_home_with_a_fresh_count(vh, hooks, clock):
+    q, dlq = with_dlq(vh, "work", **{"x-delivery-limit": 0})
+    [m] = put(vh, q, b"job")
+    ch = Channel()
+    c = consume(q, ch)
+    fate.reject(q, m, c, ch, True, clock.monotonic())  # over the limit: dead-lettered
+    assert dlq.message_count == 1 and q.message_count == 0
+    q.remove_consumer(c)
+    moved, kept = fate.redrive(dlq)
+    assert (moved, kept) == ({"work": 1}, 0)
+    [back] = list(q.ready)
+    assert back.body == b"job" and back.delivery_count == 0 and not back.redelivered
+    assert back.id != m.id and dlq.message_count == 0
+    assert hooks.named("message_redelivered")[-1]["reason"] == "redrive"
+
+
+def test_redrive_keeps_what_the_origin_refuses_or_what_has_no_origin(vh, hooks, clock):
+    q, dlq = with_dlq(vh, "work", **{"x-max-length": 1, "x-overflow": "reject-publish"})
+    a, _ = put(vh, q, b"a", b"refused at publish")
+    ch = Channel()
+    c = consume(q, ch)
+    fate.reject(q, a, c, ch, False, clock.monotonic())
+    q.remove_consumer(c)
+    put(vh, q, b"fills work again")
+    put(vh, dlq, b"no origin")
+    moved, kept = fate.redrive(dlq)
+    assert (moved, kept) == ({}, 2) and dlq.message_count == 2
+
+
+def test_a_retry_queue_forwards_after_its_delay_and_keeps_the_count(vh, hooks, clock):
+    target, _ = vh.declare_queue("work")
+    retry, _ = vh.declare_queue(
+        "work-RETRY", arguments={"x-retry-target": "work", "x-retry-levels": [2000]}
+    )
+    [m] = put(vh, retry, b"again", application_headers={"RECONSUMETIMES": 1})
+    m.delivery_count = 3
+    clock.advance(1.9)
+    vh.timers.run_due()
+    assert target.message_count == 0 and retry.message_count == 1
+    clock.advance(0.2)
+    vh.timers.run_due()
+    [back] = list(target.ready)
+    assert back.body == b"again" and back.delivery_count == 3 and back.id != m.id
+    assert retry.message_count == 0
+    assert hooks.named("message_redelivered")[-1]["reason"] == "retry"
+
+
+def test_a_retry_queue_whose_target_is_gone_drops_and_says_so(vh, hooks, clock):
+    retry, _ = vh.declare_queue("gone-RETRY", arguments={"x-retry-target": "gone"})
+    [m] = put(vh, retry, b"lost", application_headers={"x-delay": 100})
+    clock.advance(0.2)
+    vh.timers.run_due()
+    assert retry.message_count == 0
+    assert hooks.named("message_dropped") == [
+        {"vhost": "/", "queue": "gone-RETRY", "message": m, "reason": "no-target"}
+    ]
+
+
+def test_expiry_reports_then_dead_letters(vh, hooks, clock):
+    q, dlq = with_dlq(vh, "q", **{"x-message-ttl": 100})
+    put(vh, q, b"old")
+    clock.advance(0.2)
+    vh.timers.run_due()
+    assert [n for n, _ in hooks.calls] == ["message_expired", "message_dead_lettered"]
+    assert dlq.message_count == 1
+
+
+def test_overflow_drop_head_dead_letters_the_oldest_with_reason_maxlen(vh, hooks, clock):
+    q, dlq = with_dlq(vh, "q", **{"x-max-length": 1})
+    put(vh, q, b"first", b"second")
+    assert [m.body for m in q.ready] == [b"second"]
+    [dead] = list(dlq.ready)
+    assert dead.body == b"first" and dead.headers["x-death"][0]["reason"] == "maxlen"
