@@ -399,7 +399,9 @@ class _Handler(BaseHTTPRequestHandler):
                 ("api", "dead-letters"): admin.dead_letters,
                 ("api", "blocklist"): lambda: admin.consumers(isolated_only=True),
             }
-            fn = simple.get((parts[0], parts[1])) if len(parts) == 2 else None
+            fn: Callable[[], Any] | None = (
+                simple.get((parts[0], parts[1])) if len(parts) == 2 else None
+            )
             if fn is not None:
                 return fn()
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "messages":

@@ -142,7 +142,7 @@ HANDLERS: dict[type[Action], ActionHandler] = {
 def handler_for(action_type: type[Action]) -> ActionHandler | None:
     """The handler of ``action_type``, or of its nearest base that has one."""
     for cls in action_type.__mro__:
-        h = HANDLERS.get(cls)  # type: ignore[arg-type]
+        h = HANDLERS.get(cls)
         if h is not None:
             return h
     return None

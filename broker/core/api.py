@@ -526,10 +526,16 @@ class BrokerAPI:
     def register_plugin(self, plugin: object, name: str) -> None:
         """Register a hook implementation object with the running broker's plugin host (for a
         plugin that listens only while something is configured, like the journal)."""
-        self._b.hooks.register(plugin, name=name)
+        self._host("register")(plugin, name=name)
 
     def unregister_plugin(self, name: str) -> None:
-        self._b.hooks.unregister(name)
+        self._host("unregister")(name)
+
+    def _host(self, method: str) -> Callable[..., Any]:
+        fn: Callable[..., Any] | None = getattr(self._b.hooks, method, None)
+        if fn is None:
+            raise RuntimeError("this broker runs without a plugin host")
+        return fn
 
     def backoff_factory(self, name: str) -> Callable[[dict[str, str]], Any]:
         """The factory a plugin registered for ``<backoff type="{name}">``.

@@ -429,8 +429,11 @@ def make_dead_letter(
 def _ensure_body(q: Queue, msg: Message) -> bool:
     """Bring back a body the store paged out (it is about to be copied elsewhere)."""
     if msg.body is None:
-        msg.body = q.vhost.store.read_body(q, msg)  # type: ignore[assignment]
-    return msg.body is not None
+        body = q.vhost.store.read_body(q, msg)
+        if body is None:
+            return False
+        msg.body = body
+    return True
 
 
 # --------------------------------------------------------------------------- moving on
