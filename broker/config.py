@@ -43,6 +43,7 @@ from typing import Any, Protocol, overload
 
 from lxml import etree
 
+from broker.subscription import SUBSCRIPTION_TYPES
 from broker.units import (
     DURATION_PATTERN,
     SIZE_PATTERN,
@@ -99,7 +100,6 @@ BUILTIN_SECTIONS: tuple[str, ...] = ("consumer", "isolation", "deadLetter")
 BUILTIN_POLICIES: tuple[str, ...] = ("Delete", "Log")
 #: built-in nack backoffs (PIP-106); plugins may register more
 BUILTIN_BACKOFFS: tuple[str, ...] = ("fixed", "exponential", "levels")
-SUBSCRIPTION_TYPES: tuple[str, ...] = ("shared", "exclusive", "failover", "key_shared")
 #: TDMQ's MESSAGE_DELAYLEVEL
 DEFAULT_RETRY_LEVELS: tuple[float, ...] = parse_duration_list(
     "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

@@ -13,8 +13,8 @@ calls them only through :class:`broker.pluginhost.PluginHost`. Three kinds of ho
 
 Threads: every hook below runs on the broker's asyncio loop, so an implementation must neither
 block nor take long: the per-message hooks in particular run once per message. Work that takes
-time belongs in a housekeeping job (``broker_register`` → ``registry.register_job``), which runs
-on the housekeeping pool.
+time belongs in a housekeeping job (``broker_register`` → ``registry.register_policy_job`` or
+``registry.register_job``), which runs on the housekeeping pool.
 
 The reference with examples is ``docs/hooks.md``; ``tests/test_docs_hooks.py`` keeps the two in
 step.
@@ -99,12 +99,14 @@ def broker_configure(config: BrokerConfig) -> None:
 
 @hookspec
 def broker_register(registry: Registrar) -> None:
-    """Register the plugin's named policies and housekeeping jobs.
+    """Register the plugin's named policies, policy jobs and housekeeping jobs.
 
     ``registry.register_policy(name, policy)`` makes ``<policy name="...">`` usable in the XML;
-    ``registry.register_job(name, func, period=..., period_key=...)`` adds a job to the
-    housekeeping pool. A policy or job name that another plugin already registered is refused
-    with an error naming both plugins.
+    ``registry.register_policy_job(name, evaluate, section=..., period=..., period_key=...)``
+    adds a policy job (:class:`broker.policy.Policy`), which the housekeeping pool runs and the
+    backtest replays; ``registry.register_job(name, func, period=..., period_key=...)`` adds a
+    plain job for periodic work that is not a policy. A name that another plugin already
+    registered is refused with an error naming both plugins.
 
     :param registry: a :class:`broker.registry.Registrar` bound to this plugin, so everything
         registered is attributed to it (error messages, logs, ``unregister``).

@@ -4,12 +4,18 @@ This is the Qpid design's extension point (the virtual host housekeeping thread 
 scheduled pool so "any error in their operation does not prevent them from running on their
 defined schedule"), built on APScheduler 3.x.
 
-**The snapshot pattern.** A job runs on a pool thread, never on the broker's loop. It reads the
-broker through :meth:`JobContext.snapshot`, which runs ``BrokerHandle.snapshot`` *on the loop*
-and returns an immutable :class:`~broker.policy.Snapshot`; it computes actions with pure policy
-functions; it hands them back with :meth:`JobContext.apply`, which runs
-``BrokerHandle.apply_actions`` on the loop (where the core re-checks each action still holds).
-The job itself never touches live broker objects, so it needs no locks.
+**The snapshot pattern.** A job runs on a pool thread, never on the broker's loop. The pool runs
+two kinds (see :mod:`broker.registry`):
+
+- a **policy job** (a :class:`~broker.policy.Policy`) is run by the pool itself, always the same
+  way: a snapshot of the queues of its section is taken *on the loop*
+  (``BrokerHandle.snapshot``), the policy computes actions from it *on the pool thread*, with
+  its state kept across runs and the registry's named policies, and the actions are applied
+  *on the loop* (``BrokerHandle.apply_actions``, where the core re-checks each still holds);
+- a **plain job** ``func(ctx)`` does the same by hand through :meth:`JobContext.snapshot` and
+  :meth:`JobContext.apply`, for periodic work that is not a policy.
+
+Neither touches live broker objects, so neither needs locks.
 
 **Guarantees, per job** (the guard is the job's own runner, so they hold under either driver):
 
@@ -47,9 +53,10 @@ import logging
 import math
 import queue
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
@@ -57,18 +64,21 @@ from apscheduler.executors.pool import BasePoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from broker.registry import JobSpec, PluginError
+from broker.policy import ActionSink, SnapshotSource
+from broker.registry import Job, JobSpec, PluginError, PolicyJobSpec, resolve_period
 
 if TYPE_CHECKING:
     from broker.clock import Clock
-    from broker.policy import Action, Snapshot
+    from broker.policy import Action, NamedPolicy, Snapshot
     from broker.registry import Registry
 
 log = logging.getLogger(__name__)
 
 
-class BrokerHandle(Protocol):
-    """What the housekeeping pool needs from the broker (``broker.app`` implements it).
+class BrokerHandle(SnapshotSource, ActionSink, Protocol):
+    """What the housekeeping pool needs from the broker (``broker.app`` implements it): a
+    :class:`~broker.policy.SnapshotSource` and :class:`~broker.policy.ActionSink` with a clock
+    and a way onto its loop.
 
     ``snapshot`` and ``apply_actions`` run on the broker's loop; jobs reach them only through
     ``call_on_loop``, which a pool thread uses.
@@ -85,23 +95,14 @@ class BrokerHandle(Protocol):
         has stopped."""
         ...
 
-    def snapshot(self, vhost: str | None = None, section: str | None = None) -> Snapshot:
-        """On the loop: the queues of ``vhost`` (all vhosts when ``None``) as a Snapshot; with
-        ``section``, only queues whose resolved policy has that section (e.g. ``"consumer"``)."""
-        ...
-
-    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
-        """On the loop: apply ``actions`` in order; one outcome per action
-        (``"applied"``, ``"spared"`` or ``"stale"``)."""
-        ...
-
 
 class HousekeepingStopped(RuntimeError):
     """Raised by :class:`JobContext` calls once the pool is stopping, so a job ends early."""
 
 
 class JobContext:
-    """What a job function receives; one instance per job, kept across its runs."""
+    """One job's handle on the broker, kept across its runs: what a plain job receives, and
+    where the pool keeps a policy job's ``state``."""
 
     __slots__ = ("_handle", "_registry", "_stopping", "clock", "name", "period", "plugin", "state")
 
@@ -159,8 +160,10 @@ class JobContext:
         outcomes: list[str] = handle.call_on_loop(handle.apply_actions, batch)
         return outcomes
 
-    def policy(self, name: str) -> Any:
-        """The policy registered under ``name`` (by any plugin); PluginError if none is."""
+    def policy(self, name: str) -> NamedPolicy:
+        """The named policy registered under ``name`` (by any plugin); PluginError if none is.
+
+        This is the :data:`~broker.policy.PolicyLookup` a policy job gets as ``policies``."""
         return self._registry.policy(name)
 
     def _check(self) -> None:
@@ -179,15 +182,27 @@ class JobStats:
     last_duration: float | None = None
 
 
+def run_policy_job(spec: PolicyJobSpec, ctx: JobContext) -> None:
+    """One run of a policy job: snapshot of its section on the loop, the policy here, with the
+    job's state and the registry's named policies, then its actions applied on the loop."""
+    snapshot = ctx.snapshot(section=spec.section)
+    actions = spec.policy(snapshot, ctx.state, ctx.policy)
+    if actions:
+        ctx.apply(actions)
+
+
 class _JobRunner:
     """Runs one job: the error isolation and the one-at-a-time rule, shared by both drivers."""
 
-    def __init__(self, spec: JobSpec, period: float, ctx: JobContext) -> None:
+    def __init__(self, spec: Job, period: float, ctx: JobContext) -> None:
         self.spec = spec
         self.period = period
         self.ctx = ctx
         self.stats = JobStats()
         self._lock = threading.Lock()
+        self._body: Callable[[JobContext], None] = (
+            spec.func if isinstance(spec, JobSpec) else partial(run_policy_job, spec)
+        )
 
     @property
     def running(self) -> bool:
@@ -203,7 +218,7 @@ class _JobRunner:
         clock = self.ctx.clock
         started = clock.monotonic()
         try:
-            self.spec.func(self.ctx)
+            self._body(self.ctx)
         except HousekeepingStopped:
             pass
         except Exception as exc:
@@ -355,7 +370,7 @@ class Housekeeping:
         self._next_due: dict[str, float] = {}
         now = self._clock.monotonic()
         for spec in registry.jobs():
-            period = _resolve_period(spec, default_period, period_for)
+            period = resolve_period(spec, default_period, period_for)
             ctx = JobContext(
                 name=spec.name,
                 plugin=spec.plugin,
@@ -485,28 +500,11 @@ class Housekeeping:
             )
 
 
-def _resolve_period(
-    spec: JobSpec, default: float, period_for: Callable[[str], float | None] | None
-) -> float:
-    """Explicit ``period`` wins, then the configured ``period_key``, then the pool default."""
-    if spec.period is not None:
-        return spec.period
-    if spec.period_key is not None and period_for is not None:
-        value = period_for(spec.period_key)
-        if value is not None:
-            if not value > 0:
-                raise PluginError(
-                    f"housekeeping job {spec.name!r} of plugin {spec.plugin!r}: "
-                    f"{spec.period_key} resolves to {value!r}; a period must be positive"
-                )
-            return float(value)
-    return default
-
-
 __all__ = [
     "BrokerHandle",
     "Housekeeping",
     "HousekeepingStopped",
     "JobContext",
     "JobStats",
+    "run_policy_job",
 ]

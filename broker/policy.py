@@ -1,20 +1,35 @@
-"""The snapshot pattern: what a policy sees and what it may ask for.
+"""The policy contract: what a policy sees, what it may ask for, and the one signature it has.
 
-A housekeeping job takes a :class:`Snapshot` on the broker's loop (a cost of O(queues +
-consumers): every figure in it is a running figure the core keeps, nothing walks messages),
-hands it to a pure policy function ``evaluate(snapshot, state, now) -> list[Action]``, and the
-core applies the actions back on the loop with :meth:`broker.app.Broker.apply_actions`,
-re-checking that each still holds (the queue still exists, the consumer is still there).
+A **policy job** is a pure function with one signature, :class:`Policy`::
 
-The same functions run in the Spark backtest over snapshots rebuilt from the event journal.
+    def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> list[Action]
+
+registered with ``registry.register_policy_job(name, evaluate, section=...)``. Wherever it runs,
+it is run the same way: a :class:`SnapshotSource` takes a :class:`Snapshot` of the queues whose
+resolved policy has the job's section, the job turns it into actions, and an
+:class:`ActionSink` applies them, re-checking that each still holds (the queue still exists, the
+consumer is still there). ``state`` is the job's own mapping, kept from one run to the next;
+``policies`` looks up the *named policies* (``Delete``, ``Log``, a plugin's) that a
+``<policy name>`` element chooses, each a :data:`NamedPolicy` over a :class:`Trigger`.
+
+* In the broker, the housekeeping pool (:mod:`broker.housekeeping`) takes the snapshot on the
+  broker's loop (O(queues + consumers): every figure is a running figure the core keeps, nothing
+  walks messages), calls the job on a pool thread and applies the actions on the loop with
+  :meth:`broker.app.Broker.apply_actions`.
+* In the backtest (:mod:`broker.analyze.replay`), the same jobs run over snapshots rebuilt from
+  the event journal, and their actions are recorded instead of applied.
+
+Snapshots and actions are plain values: this module imports nothing from the broker's domain,
+session or application, so another source (a RabbitMQ cluster's management API, say) can stand
+in for the broker as a :class:`SnapshotSource` and an :class:`ActionSink`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeAlias
 
 _NO_POLICY: Mapping[str, Any] = MappingProxyType({})
 
@@ -178,8 +193,9 @@ class Breach:
 class Trigger:
     """What a named policy is told when a queue crosses thresholds.
 
-    A named policy is any callable ``policy(trigger) -> list[Action]``; it is registered with
-    ``registry.register_policy(name, policy)`` and chosen by ``<policy name>`` in the XML.
+    A named policy (:data:`NamedPolicy`) is any callable ``policy(trigger) -> list[Action]``; it
+    is registered with ``registry.register_policy(name, policy)`` and chosen by
+    ``<policy name>`` in the XML.
     """
 
     queue: QueueView
@@ -205,3 +221,82 @@ class Trigger:
             configured=first.configured,
             measured=first.measured,
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract: one signature for every policy job, and the two ends it runs between.
+# ---------------------------------------------------------------------------------------------
+
+#: A named policy: what ``<policy name="X">`` chooses. It gets the :class:`Trigger` of a queue
+#: that crossed thresholds and returns the actions to take (``Delete`` and ``Log`` are built in).
+NamedPolicy: TypeAlias = Callable[[Trigger], list[Action]]
+
+#: Gives the named policy registered under a name; raises ``broker.registry.PluginError`` for a
+#: name nobody registered (the configuration is checked against the registry before it is used).
+PolicyLookup: TypeAlias = Callable[[str], NamedPolicy]
+
+#: A policy job's own state, kept across its runs (e.g. the last ``acks_total`` of each queue,
+#: for a rate). It starts empty; the job decides what to keep and must keep it O(queues).
+PolicyState: TypeAlias = MutableMapping[str, Any]
+
+
+class Policy(Protocol):
+    """The one signature of a policy job (any function or callable object of this shape).
+
+    :param snapshot: the queues whose resolved policy has the job's section (every queue for a
+        job registered with ``section=None``), taken at ``snapshot.taken_at``; read-only.
+    :param state: the job's own mapping, the same object at every run.
+    :param policies: looks up a named policy (``policies("Delete")``), for a job whose XML
+        section names one with ``<policy name>``.
+    :returns: the actions to take, in order; an empty list when all is well.
+
+    A policy job must be pure apart from ``state``: it runs on a housekeeping thread in the broker
+    and in Spark tasks in the backtest, and it may neither touch live broker objects nor block.
+    """
+
+    def __call__(
+        self, snapshot: Snapshot, state: PolicyState, policies: PolicyLookup, /
+    ) -> list[Action]: ...
+
+
+class SnapshotSource(Protocol):
+    """Where snapshots come from: the broker (on its loop), or another broker's management API."""
+
+    def snapshot(self, vhost: str | None = None, section: str | None = None) -> Snapshot:
+        """The queues of ``vhost`` (every vhost when ``None``); with ``section``, only those whose
+        resolved policy has that section element (e.g. ``"consumer"``)."""
+        ...
+
+
+class ActionSink(Protocol):
+    """Where actions go: the broker's core, or another broker's management API."""
+
+    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
+        """Apply ``actions`` in order, re-checking that each still holds; one outcome per action,
+        such as ``"applied"``, ``"logged"``, ``"spared"``, ``"stale"`` (nothing left to act on)
+        or ``"failed"``."""
+        ...
+
+
+__all__ = [
+    "Action",
+    "ActionSink",
+    "Breach",
+    "CancelConsumer",
+    "CloseConsumerChannels",
+    "ConsumerView",
+    "DeleteQueue",
+    "IsolateConsumer",
+    "LogOnly",
+    "NamedPolicy",
+    "Policy",
+    "PolicyLookup",
+    "PolicyState",
+    "QueueView",
+    "ReleaseConsumer",
+    "SetPrefetch",
+    "Snapshot",
+    "SnapshotSource",
+    "Spared",
+    "Trigger",
+]

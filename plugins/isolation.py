@@ -18,21 +18,37 @@ Isolation applies to ``shared`` queues only: never to ``key_shared`` (its key or
 break), ``exclusive`` or ``failover`` (there is no other consumer to hand the messages to).
 The check runs every ``checkPeriod`` (the shortest configured), so a consumer is isolated no
 later than ``ackTimeout + checkPeriod`` after its last ack; it costs O(queues + consumers).
+
+The check is a policy job (:class:`broker.policy.Policy`) over the queues with an
+``<isolation>`` section: the housekeeping pool runs :func:`evaluate` in the broker, and the
+backtest replays the same function over the event journal.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from broker.domain.queue import SHARED
 from broker.hookimpl import hookimpl
-from broker.policy import Action, IsolateConsumer, QueueView, Snapshot, Spared
+from broker.policy import (
+    Action,
+    ConsumerView,
+    IsolateConsumer,
+    PolicyLookup,
+    PolicyState,
+    QueueView,
+    Snapshot,
+    Spared,
+)
+from broker.registry import Registrar
+from broker.subscription import SHARED
 
 JOB_NAME = "isolation"
 POLICY = "Isolation"
+#: the section element whose queues the check looks at
+SECTION = "isolation"
 
 
-def stuck_since(consumer: Any) -> float | None:
+def stuck_since(consumer: ConsumerView) -> float | None:
     """When the consumer's ack clock started: its last ack, else its first delivery."""
     return consumer.last_ack if consumer.last_ack is not None else consumer.first_delivery
 
@@ -87,19 +103,20 @@ def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:
     return actions
 
 
-def evaluate(snapshot: Snapshot, state: dict[Any, Any] | None = None) -> list[Action]:
+def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> list[Action]:
     """All isolations the snapshot calls for. Pure: the same function runs in the backtest.
 
-    With ``state`` (kept across checks), a consumer held back by the cap is reported once, not
-    at every check, until it is isolated, recovers or leaves.
+    ``state`` (kept across checks) makes a consumer held back by the cap reported once, not at
+    every check, until it is isolated, recovers or leaves. Isolation names no policy, so
+    ``policies`` is not used.
     """
     now = snapshot.taken_at
     actions: list[Action] = []
-    reported: set[tuple[str, str, str]] = state.get("capped", set()) if state is not None else set()
+    reported: set[tuple[str, str, str]] = state.get("capped", set())
     still: set[tuple[str, str, str]] = set()
     for q in snapshot.queues:
         pol = q.policy
-        cfg = pol.get("isolation") if pol else None
+        cfg = pol.get(SECTION) if pol else None
         if cfg is None or q.subscription_type != SHARED:
             continue
         for a in evaluate_queue(q, cfg, now):
@@ -109,17 +126,12 @@ def evaluate(snapshot: Snapshot, state: dict[Any, Any] | None = None) -> list[Ac
                 if key in reported:
                     continue
             actions.append(a)
-    if state is not None:
-        state["capped"] = still
+    state["capped"] = still
     return actions
 
 
-def check(ctx: Any) -> None:
-    actions = evaluate(ctx.snapshot(section="isolation"), ctx.state)
-    if actions:
-        ctx.apply(actions)
-
-
 @hookimpl(trylast=True)
-def broker_register(registry: Any) -> None:
-    registry.register_job(JOB_NAME, check, period_key="isolation.checkPeriod")
+def broker_register(registry: Registrar) -> None:
+    registry.register_policy_job(
+        JOB_NAME, evaluate, section=SECTION, period_key="isolation.checkPeriod"
+    )

@@ -12,13 +12,18 @@ Detection is a housekeeping job over a snapshot, so each check costs O(queues + 
 Any configured threshold that is exceeded triggers the ``<policy name>`` of the ``<consumer>``
 element: ``Delete`` (close channels with 506, then delete the queue; a durable queue only with
 option ``delete-persistent=true``), ``Log`` (a dry run), or any policy another plugin registered.
-A policy is a callable ``policy(trigger) -> list[Action]`` (see :class:`broker.policy.Trigger`).
+A named policy is a callable ``policy(trigger) -> list[Action]`` (see
+:class:`broker.policy.Trigger`).
+
+The check is a policy job (:class:`broker.policy.Policy`) over the queues with a ``<consumer>``
+section: the housekeeping pool runs :func:`evaluate` in the broker, and the backtest replays the
+same function over the event journal.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from broker.errors import RESOURCE_ERROR, SLOW_CONSUMER_TEXT
@@ -29,15 +34,20 @@ from broker.policy import (
     CloseConsumerChannels,
     DeleteQueue,
     LogOnly,
+    PolicyLookup,
+    PolicyState,
     QueueView,
     Snapshot,
     Spared,
     Trigger,
 )
+from broker.registry import Registrar
 
 log = logging.getLogger("plugins.slow_consumer")
 
 JOB_NAME = "slow-consumer"
+#: the section element whose queues the check looks at
+SECTION = "consumer"
 
 
 def measure(
@@ -67,12 +77,11 @@ def measure(
     return tuple(out)
 
 
-def evaluate(
-    snapshot: Snapshot,
-    state: dict[Any, Any],
-    policy_for: Callable[[str], Callable[[Trigger], list[Action]]],
-) -> list[Action]:
+def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> list[Action]:
     """Check every queue a ``<consumer>`` element applies to; return the policies' actions.
+
+    The policy job: for each queue over a threshold, the named policy of its ``<policy name>``
+    (looked up with ``policies``) is called with a :class:`Trigger`.
 
     ``state["rates"]`` keeps each queue's ``(acks_total, taken_at)`` from the previous check
     (for the consumption rate); it is rebuilt each time, so queues that are gone drop out and
@@ -85,7 +94,7 @@ def evaluate(
     rates: dict[tuple[str, str], tuple[int, float]] = {}
     for q in snapshot.queues:
         pol = q.policy
-        cfg = pol.get("consumer") if pol else None
+        cfg = pol.get(SECTION) if pol else None
         if cfg is None:
             continue
         key = (q.vhost, q.name)
@@ -112,7 +121,7 @@ def evaluate(
         trigger = Trigger(
             queue=q, breaches=breaches, options=dict(ref.options), now=now, policy=ref.name
         )
-        actions.extend(policy_for(ref.name)(trigger))
+        actions.extend(policies(ref.name)(trigger))
     state["rates"] = rates
     return actions
 
@@ -148,22 +157,8 @@ def _flag(options: Mapping[str, str], name: str) -> bool:
     return (options.get(name) or "").strip().lower() in ("true", "1", "yes", "on")
 
 
-def check(ctx: Any) -> None:
-    """The housekeeping job: snapshot on the loop, evaluate here, apply on the loop."""
-    cache: dict[str, Callable[[Trigger], list[Action]]] = {}
-
-    def policy_for(name: str) -> Callable[[Trigger], list[Action]]:
-        if name not in cache:
-            cache[name] = ctx.policy(name)
-        return cache[name]
-
-    actions = evaluate(ctx.snapshot(section="consumer"), ctx.state, policy_for)
-    if actions:
-        ctx.apply(actions)
-
-
 @hookimpl(trylast=True)
-def broker_register(registry: Any) -> None:
+def broker_register(registry: Registrar) -> None:
     registry.register_policy("Delete", delete_policy)
     registry.register_policy("Log", log_policy)
-    registry.register_job(JOB_NAME, check)
+    registry.register_policy_job(JOB_NAME, evaluate, section=SECTION)

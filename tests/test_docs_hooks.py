@@ -94,7 +94,13 @@ def test_howto_test_snippet_runs(example: Any) -> None:
     ((_, code),) = FENCE.findall(section)
     namespace: dict[str, Any] = {}
     exec(compile(code, "write-a-policy-plugin.md", "exec"), namespace)
-    namespace["test_backlogged_queue_gets_smaller_windows"]()
+    tests = sorted(name for name in namespace if name.startswith("test_"))
+    assert tests == [
+        "test_backlogged_queue_gets_smaller_windows",
+        "test_the_job_acts_on_queues_over_the_threshold_only",
+    ]
+    for name in tests:
+        namespace[name]()
 
 
 def _consumer(tag: str, prefetch: int, no_ack: bool = False) -> ConsumerView:
@@ -195,7 +201,9 @@ def test_example_plugin_loads_by_module_name_and_its_job_applies_actions(example
     host.load(["prefetch_policy"], builtins=(), entry_points=False)
     assert host.registry.policy("ReducePrefetch") is example.reduce_prefetch
     (job,) = host.registry.jobs()
+    assert host.registry.policy_jobs() == (job,)
     assert (job.name, job.plugin, job.period) == ("reduce-prefetch", "prefetch_policy", None)
+    assert job.policy is example.evaluate and job.section is None
 
     broker = _Broker(Snapshot(0.0, (_queue("work", 5000, [_consumer("c", 100)]),)))
     hk = Housekeeping(host.registry, broker, threads=1)

@@ -17,7 +17,16 @@ import pytest
 
 from broker.clock import Clock, ManualClock, SystemClock
 from broker.housekeeping import Housekeeping, HousekeepingStopped, JobContext
-from broker.policy import Action, LogOnly, Snapshot
+from broker.policy import (
+    Action,
+    Breach,
+    LogOnly,
+    PolicyLookup,
+    PolicyState,
+    QueueView,
+    Snapshot,
+    Trigger,
+)
 from broker.registry import JobSpec, PluginError, Registry
 
 BOUND = 5.0  # seconds: the most any wait in these tests may take before it counts as a failure
@@ -26,19 +35,22 @@ BOUND = 5.0  # seconds: the most any wait in these tests may take before it coun
 class FakeBroker:
     """A BrokerHandle whose "loop" is a lock: call_on_loop runs fn under it, as one loop thread."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, queues: tuple[QueueView, ...] = ()) -> None:
         self.clock = clock
+        self.queues = queues
         self.loop_calls: list[str] = []
+        self.sections: list[str | None] = []
         self.applied: list[Action] = []
-        self._loop = threading.Lock()
+        self.loop = threading.Lock()
 
     def call_on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with self._loop:
+        with self.loop:
             self.loop_calls.append(fn.__name__)
             return fn(*args)
 
-    def snapshot(self, vhost: str | None = None) -> Snapshot:
-        return Snapshot(taken_at=self.clock.monotonic(), queues=())
+    def snapshot(self, vhost: str | None = None, section: str | None = None) -> Snapshot:
+        self.sections.append(section)
+        return Snapshot(taken_at=self.clock.monotonic(), queues=self.queues)
 
     def apply_actions(self, actions: Sequence[Action]) -> list[str]:
         self.applied.extend(actions)
@@ -227,22 +239,29 @@ def test_state_survives_between_runs(
     assert hk.context("j").state == {"n": 3}
 
 
+def _noisy(trigger: Trigger) -> list[Action]:
+    return [LogOnly(**trigger.action_fields())]
+
+
+def _queue(name: str) -> QueueView:
+    return QueueView("/", name, False, False, False, "shared", 1, 1, 1, 0, 0.0, 0, (), ())
+
+
+def _trigger(q: QueueView, policy: str) -> Trigger:
+    return Trigger(q, (Breach("messageCount", 0, q.message_count),), {}, 0.0, policy)
+
+
 def test_snapshot_and_apply_go_through_the_loop(
     broker: FakeBroker, pools: list[Housekeeping]
 ) -> None:
     registry = Registry()
-    registry.register_policy(
-        "Noisy",
-        lambda snapshot, state, now: [
-            LogOnly(vhost="/", queue="q", policy="Noisy", reason="always")
-        ],
-    )
+    registry.register_policy("Noisy", _noisy)
     outcomes: list[list[str]] = []
 
     def job(ctx: JobContext) -> None:
-        snap = ctx.snapshot("/")
+        assert ctx.snapshot("/").queues == ()
         assert ctx.apply([]) == []  # nothing to apply: no trip to the loop
-        outcomes.append(ctx.apply(ctx.policy("Noisy")(snap, ctx.state, ctx.clock.monotonic())))
+        outcomes.append(ctx.apply(ctx.policy("Noisy")(_trigger(_queue("q"), "Noisy"))))
 
     registry.register_job("j", job, period=1.0, plugin="acme")
     hk = Housekeeping(registry, broker)
@@ -250,6 +269,66 @@ def test_snapshot_and_apply_go_through_the_loop(
     assert hk.run_job("j") is True
     assert broker.loop_calls == ["snapshot", "apply_actions"]
     assert outcomes == [["applied"]] and broker.applied[0].policy == "Noisy"
+
+
+def test_a_policy_job_runs_snapshot_on_the_loop_evaluate_off_it_and_apply_on_it(
+    clock: ManualClock, pools: list[Housekeeping]
+) -> None:
+    broker = FakeBroker(clock, (_queue("a"), _queue("b")))
+    seen: list[tuple[bool, str, int]] = []
+
+    def flag_every_queue(
+        snapshot: Snapshot, state: PolicyState, policies: PolicyLookup
+    ) -> list[Action]:
+        state["runs"] = state.get("runs", 0) + 1
+        seen.append((broker.loop.locked(), threading.current_thread().name, len(snapshot.queues)))
+        noisy = policies("Noisy")
+        return [a for q in snapshot.queues for a in noisy(_trigger(q, "Noisy"))]
+
+    registry = Registry()
+    registry.register_policy("Noisy", _noisy)
+    registry.register_policy_job("flag", flag_every_queue, section="consumer", period=1.0)
+    hk = Housekeeping(registry, broker)
+    pools.append(hk)
+    for _ in range(2):
+        clock.advance(1.0)
+        _settle(hk.run_due())
+    assert broker.loop_calls == ["snapshot", "apply_actions"] * 2
+    assert broker.sections == ["consumer", "consumer"]  # the job's own section, asked for
+    assert [(locked, n) for locked, _, n in seen] == [(False, 2), (False, 2)]
+    assert all(thread.startswith("housekeeping-") for _, thread, _ in seen)
+    assert [a.queue for a in broker.applied] == ["a", "b", "a", "b"]
+    assert hk.context("flag").state == {"runs": 2}  # one state, kept across runs
+
+
+def test_a_policy_job_with_nothing_to_do_does_not_go_back_to_the_loop(
+    broker: FakeBroker, pools: list[Housekeeping]
+) -> None:
+    registry = Registry()
+    registry.register_policy_job("quiet", lambda snapshot, state, policies: [], section=None)
+    hk = Housekeeping(registry, broker)
+    pools.append(hk)
+    assert hk.run_job("quiet") is True
+    assert broker.loop_calls == ["snapshot"] and broker.sections == [None]
+
+
+def test_a_failing_policy_job_is_logged_like_any_job(
+    broker: FakeBroker, pools: list[Housekeeping], caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> list[Action]:
+        return policies("Missing")(_trigger(_queue("q"), "Missing"))
+
+    registry = Registry()
+    registry.register_policy_job("broken", broken, section=None, period=1.0, plugin="acme")
+    hk = Housekeeping(registry, broker)
+    pools.append(hk)
+    with caplog.at_level(logging.ERROR, logger="broker.housekeeping"):
+        assert hk.run_job("broken") is True
+    assert hk.stats("broken").failures == 1
+    assert hk.stats("broken").last_error is not None
+    assert "policy 'Missing' is not registered" in hk.stats("broken").last_error
+    assert broker.applied == []
+    assert "housekeeping job 'broken' of plugin 'acme' failed" in caplog.text
 
 
 def test_stop_is_bounded_with_a_hung_job_and_ends_the_schedule(

@@ -24,6 +24,7 @@ from broker.pluginhost import (
     PluginHost,
     hookspec_names,
 )
+from broker.policy import Action, PolicyLookup, PolicyState, Snapshot
 from broker.registry import Registrar, Registry
 
 MakeModule = Callable[..., str]
@@ -62,7 +63,7 @@ COUNTING_PLUGIN = """
 
     @hookimpl
     def broker_register(registry):
-        registry.register_policy("Counting", object())
+        registry.register_policy("Counting", lambda trigger: [])
 """
 
 BROKEN_ON_IMPORT = """
@@ -293,7 +294,7 @@ def _policy_plugin(name: str, job: str | None = None) -> object:
         @hookimpl
         def broker_register(self, registry: Registrar) -> None:
             self.registrar = registry
-            registry.register_policy(name, lambda snapshot, state, now: [])
+            registry.register_policy(name, lambda trigger: [])
             if job:
                 registry.register_job(job, lambda ctx: None, period=2.0)
 
@@ -347,18 +348,77 @@ def test_registry_refuses_bad_jobs() -> None:
     with pytest.raises(PluginError, match="period 0"):
         reg.register_job("j", lambda ctx: None, period=0, plugin="p")
     with pytest.raises(PluginError, match="empty name"):
-        reg.register_policy("", object(), plugin="p")
+        reg.register_policy("", lambda trigger: [], plugin="p")
+    with pytest.raises(PluginError, match="policy 'P' as 42, which is not callable"):
+        reg.register_policy("P", 42, plugin="p")  # type: ignore[arg-type]
 
 
 def test_unknown_policy_lookup_suggests_a_name() -> None:
     reg = Registry()
-    reg.register_policy("ReducePrefetch", object(), plugin="p")
+    reg.register_policy("ReducePrefetch", lambda trigger: [], plugin="p")
     with pytest.raises(
         PluginError,
         match=r"policy 'ReducePrefech' is not registered by any "
         r"plugin; did you mean 'ReducePrefetch'\? \(registered policies: ",
     ):
         reg.policy("ReducePrefech")
+
+
+def _no_actions(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> list[Action]:
+    return []
+
+
+def test_policy_jobs_are_listed_apart_and_share_the_job_names() -> None:
+    class Plugin:
+        @hookimpl
+        def broker_register(self, registry: Registrar) -> None:
+            registry.register_job("plain", lambda ctx: None)
+            registry.register_policy_job("mine", _no_actions, section="prefetchCap", period=5.0)
+            registry.register_policy_job("all", _no_actions, section=None, period_key="k.p")
+
+    host = _host()
+    host.register(Plugin(), "acme")
+    assert [j.name for j in host.registry.jobs()] == ["plain", "mine", "all"]
+    mine, every = host.registry.policy_jobs()
+    assert (mine.plugin, mine.policy, mine.section, mine.period) == (
+        "acme",
+        _no_actions,
+        "prefetchCap",
+        5.0,
+    )
+    assert (every.section, every.period, every.period_key) == (None, None, "k.p")
+    assert host.registry.job("mine") is mine
+    with pytest.raises(PluginError, match="job 'plain' is registered twice"):
+        host.registry.register_policy_job("plain", _no_actions, section=None, plugin="other")
+    host.unregister("acme")
+    assert host.registry.jobs() == () and host.registry.policy_jobs() == ()
+
+
+def test_registry_refuses_bad_policy_jobs() -> None:
+    reg = Registry()
+    with pytest.raises(PluginError, match="job 'j' with 'nope', which is not callable"):
+        reg.register_policy_job("j", "nope", section=None, plugin="p")  # type: ignore[arg-type]
+    with pytest.raises(PluginError, match="period -1"):
+        reg.register_policy_job("j", _no_actions, section=None, period=-1, plugin="p")
+    with pytest.raises(PluginError, match="policy job 'j' with section ''"):
+        reg.register_policy_job("j", _no_actions, section="", plugin="p")
+    with pytest.raises(PluginError, match="empty name"):
+        reg.register_policy_job("", _no_actions, section="consumer", plugin="p")
+    assert reg.jobs() == ()
+
+
+def test_the_builtin_policies_are_policy_jobs_over_their_sections() -> None:
+    host = _host()
+    host.load([], entry_points=False)
+    jobs = {j.name: j for j in host.registry.policy_jobs()}
+    assert {n: (j.plugin, j.section, j.period, j.period_key) for n, j in jobs.items()} == {
+        "slow-consumer": ("plugins.slow_consumer", "consumer", None, None),
+        "isolation": ("plugins.isolation", "isolation", None, "isolation.checkPeriod"),
+    }
+    from plugins import isolation, slow_consumer
+
+    assert jobs["slow-consumer"].policy is slow_consumer.evaluate
+    assert jobs["isolation"].policy is isolation.evaluate
 
 
 # -- hot attributes and calling ------------------------------------------------------------------

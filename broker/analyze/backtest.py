@@ -2,16 +2,18 @@
 
 The journal's queue events are partitioned by queue across Spark tasks, sorted in journal order
 within each task, and replayed by :class:`broker.analyze.replay.Replayer`, which rebuilds the
-snapshots the broker's housekeeping jobs would have taken at each check and hands them to the
-policy plugins' own ``evaluate`` functions (the snapshot pattern: not a second implementation).
+snapshots the broker's housekeeping would have taken at each check and hands them to the policy
+jobs the candidate's plugins registered, built-in or third-party, found through the registry
+(the snapshot pattern: the same functions, not a second implementation).
 
 The result lists, per action the candidate's policies would have asked for, when (first and last
 check, for a ``Log``/``Spared`` streak), on which queue and consumer, and with which threshold,
 configured and measured value; beside it, the actions the running broker really took (the
 journal's ``policy_action`` events), so the two can be compared.
 
-Cluster note: the Spark workers import ``broker`` and ``plugins`` (and any plugin module the
-candidate names), so install plugbroker on them or ship it with ``spark-submit --py-files``.
+Cluster note: each Spark task loads the candidate's plugins again, so the workers import
+``broker`` and ``plugins`` and any plugin module the candidate names: install them on the workers
+or ship them with ``spark-submit --py-files`` (``SparkContext.addPyFile`` from Python).
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ def add_subparsers(sub: Any) -> None:
 
     b = cmds.add_parser(
         "backtest",
-        help="what a candidate config's slow-consumer and isolation "
-        "policies would have done to the recorded traffic",
+        help="what a candidate config's policy jobs (built-in and its plugins') "
+        "would have done to the recorded traffic",
     )
     common(b)
     b.add_argument("--config", required=True, help="the candidate XML configuration")

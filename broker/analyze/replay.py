@@ -5,17 +5,18 @@ the core keeps: the messages it holds (ready, unacked, awaiting the fate of a re
 arrival times and sizes, acks since declaration, its consumers with their unacked counts, last
 ack and first delivery, its bindings (with exchange types) and so its resolved policy. At each
 check time of the candidate configuration it builds a :class:`broker.policy.Snapshot` of those
-figures and calls the policy plugins' own pure ``evaluate`` functions, the very ones the
-housekeeping jobs call in the broker:
-
-* ``plugins.slow_consumer.evaluate(snapshot, state, policy_for)``, always;
-* ``plugins.isolation.evaluate(snapshot, state)``, when that plugin is installed.
+figures and calls the policy jobs the candidate's plugins registered
+(``registry.policy_jobs()``: the built-in slow-consumer and isolation checks and any plugin's,
+found the same way), each at its own period, with its own state and the candidate's named
+policies: the very functions the housekeeping pool runs in the broker, called the same way,
+``policy(snapshot, state, policies)`` (:class:`broker.policy.Policy`).
 
 Time is the journal's wall clock in seconds; the policies only look at differences, so that
 stands in for the broker's monotonic clock. The replay follows what really happened (the journal);
 an action the candidate would have taken is recorded, and only its effect on the policy's own
 view is simulated: a queue it would have deleted is out of later snapshots until it is declared
-again, a consumer it would have isolated counts as isolated until it acks, rejects or leaves.
+again, a consumer it would have isolated counts as isolated until it acks, rejects or leaves, a
+consumer whose prefetch it would have set has that prefetch from then on.
 
 This module is plain Python (no Spark): :mod:`broker.analyze.backtest` runs it in Spark tasks,
 one per group of queues, and tests can run it directly.
@@ -23,14 +24,13 @@ one per group of queues, and tests can run it directly.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from broker.policy import (
     Action,
@@ -38,11 +38,19 @@ from broker.policy import (
     DeleteQueue,
     IsolateConsumer,
     LogOnly,
+    Policy,
+    PolicyLookup,
     QueueView,
     ReleaseConsumer,
+    SetPrefetch,
     Snapshot,
     Spared,
 )
+from broker.registry import resolve_period
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
+    from broker.pluginhost import PluginHost
 
 log = logging.getLogger("broker.analyze.replay")
 
@@ -225,23 +233,28 @@ class QueueState:
 
 @dataclass
 class PolicyCheck:
-    """One housekeeping job to replay: its name, the section its snapshot asks for, its period,
-    and the plugin's pure evaluate function (called as ``evaluate(snapshot, state)``)."""
+    """One policy job to replay: its name, the section its snapshot asks for (``None``: every
+    queue), its period, the job itself and the named policies it may look up; ``state`` is the
+    job's own, kept from check to check as the housekeeping pool keeps it."""
 
     name: str
-    section: str
+    section: str | None
     period: float
-    evaluate: Callable[[Snapshot, dict[Any, Any]], list[Action]]
-    state: dict[Any, Any] = field(default_factory=dict)
+    policy: Policy
+    policies: PolicyLookup
+    state: dict[str, Any] = field(default_factory=dict)
     next_due: float = 0.0
     checks: int = 0
 
 
-def load_candidate(text: str, source_name: str = "candidate.xml") -> tuple[Any, Any]:
+def load_candidate(
+    text: str, source_name: str = "candidate.xml"
+) -> tuple[BrokerConfig, PluginHost]:
     """``(config, plugins)`` for a candidate configuration given as XML text.
 
-    Loads the built-in plugins and any the candidate names (``<plugins>``), so its policies and
-    plugin elements are known, then parses and validates the file exactly as the broker would.
+    Loads the built-in plugins and any the candidate names (``<plugins>``), so its policies,
+    policy jobs and plugin elements are known, then parses and validates the file exactly as the
+    broker would.
     """
     from broker.config import parse_config
     from broker.runner import load_plugins
@@ -250,7 +263,7 @@ def load_candidate(text: str, source_name: str = "candidate.xml") -> tuple[Any, 
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        plugins, registry = load_plugins(_Path(tmp))
+        plugins, registry = load_plugins(Path(tmp))
     finally:
         os.unlink(tmp)
     config = parse_config(text, source_name, registry=registry)
@@ -260,64 +273,34 @@ def load_candidate(text: str, source_name: str = "candidate.xml") -> tuple[Any, 
     return config, plugins
 
 
-def _Path(p: str) -> Any:
-    from pathlib import Path
+def policy_checks(
+    config: BrokerConfig, plugins: PluginHost, every: float | None = None
+) -> list[PolicyCheck]:
+    """The policy jobs the candidate's plugins registered, ready to replay, in registration order.
 
-    return Path(p)
-
-
-def policy_checks(config: Any, plugins: Any, every: float | None = None) -> list[PolicyCheck]:
-    """The policy jobs to replay for ``config``: slow-consumer always, isolation if installed.
-
-    Periods as the broker's housekeeping resolves them (``<housekeeping><period>`` for the
-    slow-consumer check, the shortest ``<isolation><checkPeriod>`` for isolation), unless
-    ``every`` (seconds) overrides both.
+    Built-in and third-party jobs alike: whatever ``plugins.registry.policy_jobs()`` lists. Each
+    runs at the period the broker's housekeeping would give it (its own, the configured duration
+    its ``period_key`` names, else ``<housekeeping><period>``), unless ``every`` (seconds)
+    overrides them all.
     """
     from broker.runner import period_for
-    from plugins import slow_consumer
 
-    cache: dict[str, Any] = {}
-
-    def policy_for(name: str) -> Any:
-        if name not in cache:
-            cache[name] = plugins.registry.policy(name)
-        return cache[name]
-
+    registry = plugins.registry
     default = float(config.housekeeping_period)
-    checks = [
+
+    def configured(key: str) -> float | None:
+        return period_for(config, key)
+
+    return [
         PolicyCheck(
-            name=slow_consumer.JOB_NAME,
-            section="consumer",
-            period=every or default,
-            evaluate=lambda snap, state: slow_consumer.evaluate(snap, state, policy_for),
+            name=job.name,
+            section=job.section,
+            period=every or resolve_period(job, default, configured),
+            policy=job.policy,
+            policies=registry.policy,
         )
+        for job in registry.policy_jobs()
     ]
-    try:
-        isolation = importlib.import_module("plugins.isolation")
-    except ImportError:
-        isolation = None
-    evaluate = getattr(isolation, "evaluate", None)
-    if callable(evaluate):
-        period = every or period_for(config, "isolation.checkPeriod") or default
-        wants_policies = "policy_for" in inspect.signature(evaluate).parameters
-
-        def fn(
-            snap: Snapshot,
-            state: dict[Any, Any],
-            ev: Any = evaluate,
-            with_policies: bool = wants_policies,
-        ) -> list[Action]:
-            return ev(snap, state, policy_for) if with_policies else ev(snap, state)
-
-        checks.append(
-            PolicyCheck(
-                name=getattr(isolation, "JOB_NAME", "isolation"),
-                section="isolation",
-                period=float(period),
-                evaluate=fn,
-            )
-        )
-    return checks
 
 
 # ---------------------------------------------------------------------------------- replay
@@ -336,7 +319,7 @@ class Replayer:
 
     def __init__(
         self,
-        config: Any,
+        config: BrokerConfig,
         checks: Sequence[PolicyCheck],
         runs: Sequence[tuple[str, float, float]],
         start: float,
@@ -454,7 +437,7 @@ class Replayer:
         if not snap.queues:
             self._close_streaks(check.name, check.checks)
             return
-        actions = check.evaluate(snap, check.state)
+        actions = check.policy(snap, check.state, check.policies)
         seen: set[tuple[Any, ...]] = set()
         for a in actions:
             seen.add(self._record(check, a, now))
@@ -518,6 +501,10 @@ class Replayer:
             c = _find(q, a.consumer_tag, a.connection_id)
             if c is not None:
                 c.isolated = isinstance(a, IsolateConsumer)
+        elif isinstance(a, SetPrefetch):
+            c = _find(q, a.consumer_tag, a.connection_id)
+            if c is not None:
+                c.prefetch = a.prefetch
 
     # -- state ------------------------------------------------------------------------------------
 

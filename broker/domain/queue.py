@@ -16,16 +16,17 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 from broker.domain import fate
 from broker.domain.message import Message
 
+# defined in broker.subscription (policies read them too); re-exported for the core's modules
+from broker.subscription import EXCLUSIVE as EXCLUSIVE
+from broker.subscription import FAILOVER as FAILOVER
+from broker.subscription import KEY_SHARED as KEY_SHARED
+from broker.subscription import SHARED as SHARED
+from broker.subscription import SUBSCRIPTION_TYPES as SUBSCRIPTION_TYPES
+
 if TYPE_CHECKING:
     from broker.domain.exchange import Binding
     from broker.domain.timers import TimerHandle
     from broker.domain.vhost import VirtualHost
-
-SHARED = "shared"
-EXCLUSIVE = "exclusive"
-FAILOVER = "failover"
-KEY_SHARED = "key_shared"
-SUBSCRIPTION_TYPES = (SHARED, EXCLUSIVE, FAILOVER, KEY_SHARED)
 
 #: stop dispatching to a consumer that holds this many unacked messages, whatever its prefetch
 DEFAULT_MAX_UNACKED_PER_CONSUMER = 50_000

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from broker.hookimpl import hookimpl
-from broker.housekeeping import JobContext
-from broker.policy import Action, Breach, SetPrefetch, Trigger
+from broker.policy import (
+    Action,
+    Breach,
+    PolicyLookup,
+    PolicyState,
+    SetPrefetch,
+    Snapshot,
+    Trigger,
+)
 from broker.registry import Registrar
 
 THRESHOLD = 100  # messages a queue may hold before its consumers' windows shrink
@@ -25,18 +32,19 @@ def reduce_prefetch(trigger: Trigger) -> list[Action]:
     ]  # prefetch 0 means "unlimited" in AMQP, so it is wider than any window
 
 
-def check(ctx: JobContext) -> None:
-    """Housekeeping job: the same policy for every queue over THRESHOLD, no XML needed."""
-    snap = ctx.snapshot()  # taken on the broker's loop, read-only
+def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> list[Action]:
+    """Policy job: the same policy for every queue over THRESHOLD, no XML needed."""
     actions: list[Action] = []
-    for q in snap.queues:
+    for q in snapshot.queues:
         if q.message_count > THRESHOLD:
             breach = Breach("messageCount", THRESHOLD, q.message_count)
-            actions += reduce_prefetch(Trigger(q, (breach,), {}, snap.taken_at, "ReducePrefetch"))
-    ctx.apply(actions)  # applied on the loop, each action re-checked there
+            trigger = Trigger(q, (breach,), {}, snapshot.taken_at, "ReducePrefetch")
+            actions += reduce_prefetch(trigger)
+    return actions  # the core applies them on its loop, re-checking each
 
 
 @hookimpl
 def broker_register(registry: Registrar) -> None:
     registry.register_policy("ReducePrefetch", reduce_prefetch)
-    registry.register_job("reduce-prefetch", check)  # every <housekeeping><period>
+    # section=None: every queue; no period: every <housekeeping><period>
+    registry.register_policy_job("reduce-prefetch", evaluate, section=None)

@@ -3,6 +3,7 @@ report, backtest and recommend, in local mode on one shared SparkSession."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from broker.analyze import backtest, recommend
 from broker.config import parse_config
+from broker.pluginhost import BLOCK_ENV
 
 
 def table(out: Path, name: str) -> list[dict[str, Any]]:
@@ -132,6 +134,36 @@ def test_backtest_of_a_stricter_candidate_lists_more(spark, recording, tmp_path)
     assert (tmp_path / "out" / "backtest.txt").read_text().startswith("backtest of")
     assert list((tmp_path / "out" / "csv" / "actions").glob("*.csv"))
     assert result.disruptive() and "DeleteQueue" in result.summary()
+
+
+def test_backtest_replays_a_third_party_policy_like_the_built_ins(
+    spark, recording, tmp_path, monkeypatch
+):
+    """A plugin module from outside the broker, named in the candidate's <plugins>: its policy
+    job is found through the registry in every Spark task and replayed with the built-ins."""
+    here = Path(__file__).parent
+    monkeypatch.syspath_prepend(str(here))  # the driver checks the candidate
+    monkeypatch.delenv(BLOCK_ENV, raising=False)
+    spark.sparkContext.addPyFile(str(here / "candidate_policy.py"))  # the tasks load it too
+    candidate = tmp_path / "third-party.xml"
+    candidate.write_text("""<broker>
+      <plugins><plugin>candidate_policy</plugin></plugins>
+      <virtualhost name="/"><queue name="work">
+        <backlogCap><messages>0</messages><prefetch>1</prefetch></backlogCap>
+      </queue></virtualhost></broker>""")
+    try:
+        result = backtest(recording.journal, candidate, spark=spark, every=0.25, quiet=True)
+    finally:
+        sys.modules.pop("candidate_policy", None)
+    assert result.periods == {"slow-consumer": 0.25, "isolation": 0.25, "backlog-cap": 0.25}
+    assert {(a["job"], a["policy"], a["action"], a["queue"]) for a in result.actions} == {
+        ("backlog-cap", "BacklogCap", "SetPrefetch", "work")
+    }
+    # each consumer wider than 1 once: the narrowed window counts for the later checks
+    assert sorted(a["consumer_tag"] for a in result.actions) == sorted(
+        [recording.good_tag, recording.stalled_tag]
+    )
+    assert all(a["measured"] > a["configured"] == 0 for a in result.actions)
 
 
 def test_backtest_refuses_a_bad_candidate_with_file_and_line(spark, recording, tmp_path):

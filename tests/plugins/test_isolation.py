@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from broker.config import IsolationConfig
 from broker.policy import ConsumerView, IsolateConsumer, QueueView, Snapshot, Spared
+from broker.registry import Registry
 from plugins.isolation import evaluate
 
 CFG = IsolationConfig(ack_timeout=300.0)
+#: isolation names no policy: a lookup with none registered
+POLICIES = Registry().policy
 
 
 def consumer(
@@ -52,15 +55,15 @@ def test_scheme_1_consumer_without_ack_past_the_timeout_is_isolated():
         consumer("ok1", last_ack=299.0),
         consumer("ok2", last_ack=200.0),
     )
-    [a] = evaluate(Snapshot(301.0, (q,)))
+    [a] = evaluate(Snapshot(301.0, (q,)), {}, POLICIES)
     assert isinstance(a, IsolateConsumer) and a.consumer_tag == "stuck"
     assert (a.threshold, a.configured, a.measured) == ("ackTimeout", 300.0, 301.0)
 
 
 def test_scheme_1_the_clock_starts_at_the_first_delivery():
     q = queue(consumer("new", last_ack=None, first=100.0), consumer("ok", last_ack=390.0))
-    assert evaluate(Snapshot(399.0, (q,))) == []
-    assert isolated_tags(evaluate(Snapshot(401.0, (q,)))) == ["new"]
+    assert evaluate(Snapshot(399.0, (q,)), {}, POLICIES) == []
+    assert isolated_tags(evaluate(Snapshot(401.0, (q,)), {}, POLICIES)) == ["new"]
 
 
 def test_scheme_2_already_isolated_consumers_are_left_alone():
@@ -69,27 +72,29 @@ def test_scheme_2_already_isolated_consumers_are_left_alone():
         consumer("ok", last_ack=400.0),
         consumer("ok2", last_ack=400.0),
     )
-    assert evaluate(Snapshot(650.0, (q,))) == []
+    assert evaluate(Snapshot(650.0, (q,)), {}, POLICIES) == []
 
 
 def test_scheme_4_at_most_sixty_percent_are_isolated_and_the_cap_is_reported_once():
     two_stuck = queue(consumer("a", last_ack=0.0), consumer("b", last_ack=10.0))
     state: dict = {}
-    actions = evaluate(Snapshot(1000.0, (two_stuck,)), state)
+    actions = evaluate(Snapshot(1000.0, (two_stuck,)), state, POLICIES)
     assert isolated_tags(actions) == ["a"]  # floor(0.6 x 2) = 1, the longest silent first
     [spared] = [a for a in actions if isinstance(a, Spared)]
     assert "cap held" in spared.reason and "b" in spared.reason
     # the next check does not repeat the cap line while nothing changed
     again = queue(consumer("a", isolated=True, unacked=0), consumer("b", last_ack=10.0))
-    assert evaluate(Snapshot(1001.0, (again,)), state) == []
+    assert evaluate(Snapshot(1001.0, (again,)), state, POLICIES) == []
     five = queue(*(consumer(f"c{i}", last_ack=0.0) for i in range(5)))
-    assert len(isolated_tags(evaluate(Snapshot(1000.0, (five,))))) == 3  # floor(0.6 x 5)
+    assert (
+        len(isolated_tags(evaluate(Snapshot(1000.0, (five,)), {}, POLICIES))) == 3
+    )  # floor(0.6 x 5)
 
 
 def test_the_ratio_is_configurable():
     cfg = IsolationConfig(ack_timeout=1.0, max_isolated_ratio=1.0)
     q = queue(consumer("a", last_ack=0.0), consumer("b", last_ack=0.0), cfg=cfg)
-    assert isolated_tags(evaluate(Snapshot(10.0, (q,)))) == ["a", "b"]
+    assert isolated_tags(evaluate(Snapshot(10.0, (q,)), {}, POLICIES)) == ["a", "b"]
 
 
 def test_consumer_with_nothing_unacked_is_never_isolated():
@@ -98,15 +103,15 @@ def test_consumer_with_nothing_unacked_is_never_isolated():
         consumer("idle2", unacked=0, last_ack=0.0),
         consumer("ok", last_ack=999.0),
     )
-    assert evaluate(Snapshot(1000.0, (q,))) == []
+    assert evaluate(Snapshot(1000.0, (q,)), {}, POLICIES) == []
 
 
 def test_only_shared_queues_are_checked():
     for stype in ("key_shared", "exclusive", "failover"):
         q = queue(consumer("a", last_ack=0.0), consumer("b", last_ack=0.0), stype=stype)
-        assert evaluate(Snapshot(1000.0, (q,))) == []
+        assert evaluate(Snapshot(1000.0, (q,)), {}, POLICIES) == []
 
 
 def test_queues_without_isolation_are_ignored():
     q = queue(consumer("a", last_ack=0.0), consumer("b", last_ack=0.0), cfg=None)
-    assert evaluate(Snapshot(1000.0, (q,))) == []
+    assert evaluate(Snapshot(1000.0, (q,)), {}, POLICIES) == []
