@@ -360,7 +360,7 @@ class Broker:
             if cs
             else ()
         )
-        return _new(
+        view: QueueView = _new(
             _qv,
             static[0]
             + (
@@ -375,6 +375,7 @@ class Broker:
             + static[1]
             + ((tuple(q.getters),) if q.getters else ((),)),
         )
+        return view
 
     def apply_actions(self, actions: Sequence[Action]) -> list[str]:
         """Apply policy actions on the loop (see :mod:`broker.core.actions`)."""

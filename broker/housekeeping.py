@@ -329,7 +329,7 @@ class _Pool:
             return self._idle.wait_for(lambda: self._in_flight == 0, timeout=timeout)
 
 
-class _SharedPoolExecutor(BasePoolExecutor):  # type: ignore[misc]
+class _SharedPoolExecutor(BasePoolExecutor):
     """APScheduler executor over our pool, so both drivers share one set of threads."""
 
     def __init__(self, pool: _Pool) -> None:

@@ -102,7 +102,8 @@ def headers_at(raw: bytes, offset: int) -> dict[str, Any]:
         values, _ = loads("F", raw, offset)
     except Exception as exc:
         raise PropertiesError(f"headers table is malformed: {exc}") from None
-    return values[0]
+    headers: dict[str, Any] = values[0]
+    return headers
 
 
 def decode(raw: bytes) -> dict[str, Any]:
@@ -111,7 +112,8 @@ def decode(raw: bytes) -> dict[str, Any]:
         props, _ = decode_properties_basic(raw, 0)
     except Exception as exc:
         raise PropertiesError(f"content header properties are malformed: {exc}") from None
-    return props
+    decoded: dict[str, Any] = props
+    return decoded
 
 
 def decode_lenient(raw: bytes) -> dict[str, Any]:

@@ -431,12 +431,17 @@ class BrokerAPI:
         conn.close_channel(ch, code, text)
         return True
 
-    def close_connection(self, connection_id: str, text: str) -> bool:
-        """Close a connection with 320 ``CONNECTION_FORCED - text``. False if there is none."""
+    def close_connection(self, connection_id: str, text: str, code: int = 320) -> bool:
+        """Close a connection: ``connection.close`` with ``code`` and ``text``; with the default
+        code, 320 ``CONNECTION_FORCED - text`` (as RabbitMQ's operator close). False if there is
+        no such connection."""
         conn = self._b.connections.get(connection_id)
         if conn is None:
             return False
-        conn.force_close(text)
+        if code == 320:
+            conn.force_close(text)
+        else:
+            conn.close(code, text)
         return True
 
     def queue_channels(self, vhost: str, queue: str) -> list[tuple[str, int]]:
