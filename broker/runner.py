@@ -109,13 +109,19 @@ class Running:
         log.info("configuration reloaded from %s", cfg.source)
 
 
-def load_plugins(config_path: Path | None) -> tuple[Any, ConfigElementRegistry]:
-    """Load built-in, configured and entry-point plugins; collect their XML elements."""
+def load_plugins(
+    config_path: Path | None, *, origin: str | None = None
+) -> tuple[Any, ConfigElementRegistry]:
+    """Load built-in, configured and entry-point plugins; collect their XML elements.
+
+    :param origin: how errors name the configuration (default: ``config_path``).
+    """
     from broker.pluginhost import PluginHost
 
     modules, blocked = plugin_list(config_path)
     host = PluginHost(blocked=blocked)
-    host.load(modules, origin=str(config_path) if config_path else "the configuration")
+    where = origin or (str(config_path) if config_path else "the configuration")
+    host.load(modules, origin=where)
     registry = ConfigElementRegistry()
     if host.add_config_elements is not None:
         host.add_config_elements(registry=registry)

@@ -263,7 +263,7 @@ def load_candidate(
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        plugins, registry = load_plugins(Path(tmp))
+        plugins, registry = load_plugins(Path(tmp), origin=source_name)
     finally:
         os.unlink(tmp)
     config = parse_config(text, source_name, registry=registry)

@@ -205,3 +205,14 @@ def test_the_housekeeping_pool_runs_the_same_registration(module: ModuleType) ->
         2,
     )
     assert hk.context(module.JOB).state == {"over": {("/", "work"): 1}}
+
+
+def test_a_candidate_naming_a_missing_plugin_is_refused_with_its_own_name() -> None:
+    from broker.registry import PluginError
+
+    text = CANDIDATE.replace("candidate_policy", "no_such_policy_module")
+    with pytest.raises(PluginError) as err:
+        load_candidate(text, "tuning/candidate.xml")
+    assert "no_such_policy_module" in str(err.value)
+    assert "tuning/candidate.xml" in str(err.value)
+    assert "plugbroker-candidate-" not in str(err.value)  # not the temporary copy's name
