@@ -1,3 +1,27 @@
+"""The admin interface: a small HTTP API for operators and a Prometheus metrics endpoint.
+
+Enabled by ``<admin host="127.0.0.1" port="15672"/>``. It runs on the standard library's
+``ThreadingHTTPServer`` in a thread of its own; every read and every change runs on the broker's
+event loop through :meth:`broker.core.api.BrokerAPI.call_on_loop`, and uses only the core API,
+so it sees a consistent state and never races the loop. Requests authenticate with HTTP Basic as
+a configured broker user.
+
+==========================================  ================================================
+``GET  /api/overview``                      version, connections, queues, messages, alarm
+``GET  /api/queues``                        every queue with its running figures and policy
+``GET  /api/consumers``                     every consumer: unacked, prefetch, last ack age
+``GET  /api/blocklist``                     isolated consumers
+``GET  /api/connections``                   client connections
+``GET  /api/dead-letters``                  queues that received dead letters, by reason
+``GET  /api/queues/{vhost}/{queue}/messages``  peek at ready messages (``?limit=20``)
+``POST /api/queues/{vhost}/{queue}/redrive`` move dead letters back to their original queue
+``POST /api/reload``                        re-read the configuration (like SIGHUP)
+``GET  /metrics``                           Prometheus text format
+==========================================  ================================================
+
+Vhost names in paths are URL-encoded (``/`` is ``%2F``), as in RabbitMQ's management API.
+"""
+
 from __future__ import annotations
 
 import base64

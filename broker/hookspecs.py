@@ -422,7 +422,8 @@ def broker_message_redelivered(
     :param message: the message; read-only.
     :param delivery_count: its delivery count after this requeue.
     :param reason: ``"rejected"`` (nack/reject with requeue), ``"recover"``, ``"channel-closed"``,
-        ``"consumer-isolated"`` or ``"retry"`` (a retry-queue delay ran out).
+        ``"consumer-isolated"``, ``"retry"`` (a retry-queue delay ran out: ``queue`` is the queue
+        it went back to) or ``"redrive"`` (moved back from a dead-letter queue by an operator).
 
     Called when the message is requeued, before any redelivery delay starts. Not firstresult.
     """

@@ -1035,13 +1035,16 @@ class Connection:
         entries = ch.settle_tags(tag, multiple, (60, 80))
         if not entries:
             return
-        now = self.clock.monotonic()
-        ack = fate.ack
-        for msg, q, c in entries:
-            ack(q, msg, c, ch, now)
+        fate.ack_all(entries, ch, self.clock.monotonic())
         if ch.prefetch_global:
-            for c in ch.consumers.values():
-                c.queue.vhost.mark_dirty(c.queue)
+            self._channel_has_room(ch)
+
+    @staticmethod
+    def _channel_has_room(ch: Channel) -> None:
+        """A settle freed room under the channel's global prefetch: its consumers' queues may
+        dispatch again."""
+        for c in ch.consumers.values():
+            c.queue.vhost.mark_dirty(c.queue)
 
     def _basic_reject(self, ch: Channel, a: tuple[Any, ...]) -> None:
         tag, requeue = a
@@ -1069,6 +1072,8 @@ class Connection:
         now = self.clock.monotonic()
         for msg, q, c in entries:
             fate.reject(q, msg, c, ch, requeue, now)
+        if entries and ch.prefetch_global:
+            self._channel_has_room(ch)
 
     def _basic_recover(self, ch: Channel, a: tuple[Any, ...]) -> None:
         ch.requeue_all("recover")

@@ -60,7 +60,7 @@ class DeadLetterPlugin:
             return
         name = cfg.retry.queue_name(queue)
         api = self.broker
-        if api is None or name == queue or api.queue(vhost, name) is not None:
+        if api is None or name == queue or api.has_queue(vhost, name):
             return
         self._made.add((vhost, name))
         api.declare_queue(

@@ -50,7 +50,7 @@ def _spared(api: BrokerAPI, a: Action, what: str) -> str:
 
 def _close_consumer_channels(api: BrokerAPI, a: Action, what: str) -> str:
     assert isinstance(a, CloseConsumerChannels)
-    if api.queue(a.vhost, a.queue) is None:
+    if not api.has_queue(a.vhost, a.queue):
         return "stale"
     tags = [c.tag for c in api.consumers(a.vhost, a.queue)]
     channels = api.queue_channels(a.vhost, a.queue)
@@ -69,9 +69,11 @@ def _close_consumer_channels(api: BrokerAPI, a: Action, what: str) -> str:
 
 
 def _delete_queue(api: BrokerAPI, a: Action, what: str) -> str:
-    if api.queue(a.vhost, a.queue) is None:
+    q = api.queue(a.vhost, a.queue)
+    if q is None:
         return "stale"
-    n = api.delete_queue(a.vhost, a.queue, reason=f"policy:{a.policy}", detail=a.reason)
+    n = q.messages
+    api.delete_queue(a.vhost, a.queue, reason=f"policy:{a.policy}", detail=a.reason)
     policy_log.warning("%s: queue deleted, %d messages released: %s", what, n, a.reason)
     return "applied"
 
@@ -153,7 +155,7 @@ def describe(api: BrokerAPI, a: Action) -> str:
     what = f"{a.policy}: vhost '{a.vhost}' queue '{a.queue}'"
     if a.threshold and a.configured is not None and a.measured is not None:
         what += f" {a.threshold} configured {a.configured:g} measured {a.measured:g}"
-    if api.queue(a.vhost, a.queue) is not None:
+    if api.has_queue(a.vhost, a.queue):
         what += f" consumers [{', '.join(c.tag for c in api.consumers(a.vhost, a.queue))}]"
     return what
 

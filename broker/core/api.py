@@ -16,7 +16,7 @@ messages (isolate, release, redrive) call it, so their hooks fire as on any othe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -253,6 +253,9 @@ class BrokerAPI:
         q = self._find_queue(vhost, name)
         return _queue_info(q) if q is not None else None
 
+    def has_queue(self, vhost: str, name: str) -> bool:
+        return self._find_queue(vhost, name) is not None
+
     def queue_policy(self, vhost: str, name: str) -> Mapping[str, object] | None:
         """The resolved policy sections of a queue (None if there is no such queue). O(1): the
         decision hooks call it per message."""
@@ -279,7 +282,7 @@ class BrokerAPI:
     def consumers(
         self, vhost: str | None = None, queue: str | None = None, *, isolated_only: bool = False
     ) -> list[ConsumerInfo]:
-        qs = self._queues(vhost) if queue is None else _opt(self._find_queue(vhost or "/", queue))
+        qs = [q for q in self._queues(vhost) if queue is None or q.name == queue]
         return [
             _consumer_info(q, c) for q in qs for c in q.consumers if c.isolated or not isolated_only
         ]
@@ -327,20 +330,22 @@ class BrokerAPI:
             for ch in conn.channels.values()
         ]
 
-    def deliveries(self) -> Iterator[DeliveryInfo]:
+    def deliveries(self) -> list[DeliveryInfo]:
         """Every delivery waiting for an ack, channel by channel (O(unacked messages))."""
-        for conn in list(self._b.connections.values()):
-            for ch in list(conn.channels.values()):
-                for tag, (m, q, c) in list(ch.unacked.items()):
-                    yield DeliveryInfo(
-                        q.vhost.name,
-                        q.name,
-                        c.tag if c is not None else None,
-                        conn.id,
-                        ch.id,
-                        tag,
-                        _message_info(m),
-                    )
+        return [
+            DeliveryInfo(
+                q.vhost.name,
+                q.name,
+                c.tag if c is not None else None,
+                conn.id,
+                ch.id,
+                tag,
+                _message_info(m),
+            )
+            for conn in self._b.connections.values()
+            for ch in conn.channels.values()
+            for tag, (m, q, c) in ch.unacked.items()
+        ]
 
     def messages(
         self, vhost: str, queue: str, *, limit: int | None = None, ready_only: bool = True
@@ -407,7 +412,7 @@ class BrokerAPI:
 
     def delete_queue(self, vhost: str, name: str, *, reason: str, detail: str = "") -> int:
         """Delete a queue: its consumers are cancelled (``basic.cancel`` to clients that listen
-        for it), its messages released. Returns how many messages it held.
+        for it), its messages released. Returns how many were ready (queue.delete-ok's count).
 
         :raises NotFound: no such queue.
         """

@@ -58,27 +58,38 @@ class Settler(Protocol):
 
 def ack(q: Queue, msg: Message, consumer: Consumer | None, channel: Settler, now: float) -> None:
     """A consumer acked ``msg`` (``consumer`` is None for a basic.get delivery)."""
-    q.settle(msg)
-    tag = None
-    if consumer is not None:
-        tag = consumer.tag
-        consumer.unacked -= 1
-        consumer.last_ack = now
-        if consumer.isolated:
-            release(consumer, "acked")
-    vh = q.vhost
-    h = vh.hooks.message_acked
-    if h is not None:
-        h(
-            vhost=vh.name,
-            queue=q.name,
-            consumer_tag=tag,
-            connection_id=channel.connection_id,
-            channel_id=channel.id,
-            message=msg,
-        )
-    if not q.dirty and q.ready:
-        vh.mark_dirty(q)
+    ack_all(((msg, q, consumer),), channel, now)
+
+
+def ack_all(
+    entries: Sequence[tuple[Message, Queue, Consumer | None]], channel: Settler, now: float
+) -> None:
+    """Acks from one channel (a ``multiple`` ack covers several): each message is settled,
+    its consumer's ack clock restarts (an isolated consumer is released), and
+    ``broker_message_acked`` is called for it. The hot path: the hook is looked up once."""
+    if not entries:
+        return
+    h = entries[0][1].vhost.hooks.message_acked  # one channel, one vhost, one plugin host
+    for msg, q, consumer in entries:
+        q.settle(msg)
+        tag = None
+        if consumer is not None:
+            tag = consumer.tag
+            consumer.unacked -= 1
+            consumer.last_ack = now
+            if consumer.isolated:
+                release(consumer, "acked")
+        if h is not None:
+            h(
+                vhost=q.vhost.name,
+                queue=q.name,
+                consumer_tag=tag,
+                connection_id=channel.connection_id,
+                channel_id=channel.id,
+                message=msg,
+            )
+        if not q.dirty and q.ready:
+            q.vhost.mark_dirty(q)
 
 
 def settle_unacked(q: Queue, msg: Message) -> None:
@@ -120,6 +131,16 @@ def reject(
             message=msg,
             requeue=requeue_,
         )
+    if q.deleted or msg.id not in q.held:
+        return  # the queue let go of it meanwhile (deleted): nothing left to decide
+    _reject(q, msg, requeue_)
+    if not q.dirty and q.ready:
+        vh.mark_dirty(q)  # the consumer's prefetch slot is free again
+
+
+def _reject(q: Queue, msg: Message, requeue_: bool) -> None:
+    vh = q.vhost
+    hooks = vh.hooks
     decide = hooks.reject_decision
     decision = None
     if decide is not None:
@@ -164,7 +185,7 @@ def requeue(
     *,
     delay: float = 0.0,
     count: bool = True,
-) -> None:
+) -> list[Message]:
     """Delivered messages go back to ``q``: to the front at once, or after ``delay`` seconds.
 
     Each one's delivery count goes up (unless ``count`` is false). A message whose count would
@@ -172,9 +193,10 @@ def requeue(
     (PIP-22's redelivery tracker, on every requeue path). Messages the queue no longer holds
     (it was deleted, or a late ack took them) are skipped. Raised counts of stored messages are
     written to the store; ``broker_message_redelivered`` is called for each one requeued.
+    Returns the messages requeued.
     """
     if q.deleted:
-        return
+        return []
     limit = q.delivery_limit if count else None
     held = q.held
     live: list[Message] = []
@@ -189,7 +211,7 @@ def requeue(
             continue
         live.append(m)
     if not live:
-        return
+        return live
     if delay > 0:
         for m in live:
             if count:
@@ -213,6 +235,7 @@ def requeue(
                 delivery_count=m.delivery_count,
                 reason=reason,
             )
+    return live
 
 
 def late_settle(
@@ -446,19 +469,12 @@ def forward(
 
     The copy gets a new id, arrives now, is not redelivered and carries no expiry of its own;
     with ``reset_count`` its delivery count starts again at 0 (a redrive), else it keeps it (a
-    retry). Returns the copy when ``target`` took it, None when it refused it (overflow) or the
-    body could not be read back; ``broker_message_redelivered`` (with ``reason``) is called on
+    retry). Returns the copy when ``target`` took it, None when it would not (see
+    :func:`cannot_move`); ``broker_message_redelivered`` (with ``reason``) is called on
     ``target`` for a copy it took. The caller settles the original.
     """
     vh = source.vhost
-    if not _ensure_body(source, msg):
-        log.error(
-            "queue '%s' in vhost '%s': message %d has no body; not moved to '%s'",
-            source.name,
-            vh.name,
-            msg.id,
-            target.name,
-        )
+    if cannot_move(source, msg, target) is not None:
         return None
     m = msg.copy()
     m.id = vh.ids.next()
@@ -483,6 +499,25 @@ def forward(
     return m
 
 
+def cannot_move(source: Queue, msg: Message, target: Queue) -> str | None:
+    """Why ``msg`` cannot move from ``source`` to ``target`` now, or None if it can:
+    ``no-body`` (the store could not read its paged-out body back), ``maxlen`` (the target's
+    length limits would keep it out: it is not offered, so the target does not dead-letter a
+    copy of it)."""
+    if not _ensure_body(source, msg):
+        log.error(
+            "queue '%s' in vhost '%s': message %d has no body; not moved to '%s'",
+            source.name,
+            source.vhost.name,
+            msg.id,
+            target.name,
+        )
+        return "no-body"
+    if target.refuses(msg):
+        return "maxlen"
+    return None
+
+
 def retry_due(retry_q: Queue, msg: Message) -> None:
     """A retry queue's hold of ``msg`` ran out: it goes back to the queue it was retried from."""
     if not retry_q.release_hold(msg):
@@ -498,14 +533,18 @@ def retry_due(retry_q: Queue, msg: Message) -> None:
         )
         drop(retry_q, msg, "no-target")
         return
-    if forward(retry_q, msg, target, "retry", reset_count=False) is None:
+    why = cannot_move(retry_q, msg, target)
+    if why is not None or forward(retry_q, msg, target, "retry", reset_count=False) is None:
         log.warning(
-            "retry queue '%s' in vhost '%s': target queue '%s' refused message %d",
+            "retry queue '%s' in vhost '%s': message %d could not go back to queue '%s' (%s); "
+            "dropped",
             retry_q.name,
             vh.name,
-            target.name,
             msg.id,
+            target.name,
+            why or "refused",
         )
+        drop(retry_q, msg, why or "maxlen")
 
 
 def original_queue_of(msg: Message) -> str | None:
@@ -568,8 +607,8 @@ def isolate(consumer: Consumer, now: float) -> int:
     moved = consumer.channel.take_unacked(consumer)
     consumer.unacked = 0
     if moved:
-        q.moved_waiting.update(m.id for m in moved)
-        requeue(q, moved, "consumer-isolated")
+        back = requeue(q, moved, "consumer-isolated")
+        q.moved_waiting.update(m.id for m in back)
     vh = q.vhost
     h = vh.hooks.consumer_isolated
     if h is not None:
@@ -613,6 +652,8 @@ def release(consumer: Consumer, reason: str) -> None:
 
 __all__ = [
     "ack",
+    "ack_all",
+    "cannot_move",
     "dead_letter",
     "dead_letter_or_drop",
     "drop",

@@ -395,26 +395,41 @@ class Queue:
             self.vhost.store_remove(self, msg)
         return True
 
-    def _make_room(self, msg: Message) -> bool | None:
+    def _full_for(self, msg: Message) -> bool:
+        """Whether adding ``msg`` would pass ``x-max-length`` or ``x-max-length-bytes``."""
         max_len, max_bytes = self.max_length, self.max_length_bytes
-        if self.overflow in ("reject-publish", "reject-publish-dlx"):
-            if (max_len is not None and len(self.ready) >= max_len) or (
-                max_bytes is not None and self.ready_bytes + msg.body_size > max_bytes
-            ):
+        return (max_len is not None and len(self.ready) >= max_len) or (
+            max_bytes is not None and self.ready_bytes + msg.body_size > max_bytes
+        )
+
+    def _rejects_publish(self) -> bool:
+        return self.overflow in ("reject-publish", "reject-publish-dlx")
+
+    def refuses(self, msg: Message) -> bool:
+        """Whether the length limits would keep ``msg`` out (refused, or dropped as it comes
+        in), without doing anything: a message moved here (redrive, retry) then stays where it
+        is instead of being dead-lettered by this queue."""
+        if self.max_length is None and self.max_length_bytes is None:
+            return False
+        if self._rejects_publish():
+            return self._full_for(msg)
+        max_bytes = self.max_length_bytes
+        return self.max_length == 0 or (max_bytes is not None and msg.body_size > max_bytes)
+
+    def _make_room(self, msg: Message) -> bool | None:
+        if self._rejects_publish():
+            if self._full_for(msg):
                 if self.overflow == "reject-publish-dlx":
                     fate.overflow(self, msg, refused=True)
                 return False
             return True
         # drop-head: make room by dropping (dead-lettering) the oldest ready messages
-        while self.ready and (
-            (max_len is not None and len(self.ready) >= max_len)
-            or (max_bytes is not None and self.ready_bytes + msg.body_size > max_bytes)
-        ):
+        while self.ready and self._full_for(msg):
             head = self.ready.popleft()
             self.ready_bytes -= head.body_size
             self._forget(head)
             fate.overflow(self, head, refused=False)
-        if max_len == 0 or (max_bytes is not None and msg.body_size > max_bytes):
+        if self.refuses(msg):
             fate.overflow(self, msg, refused=False)
             return None
         return True

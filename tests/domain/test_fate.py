@@ -361,3 +361,69 @@ def test_overflow_drop_head_dead_letters_the_oldest_with_reason_maxlen(vh, hooks
     assert [m.body for m in q.ready] == [b"second"]
     [dead] = list(dlq.ready)
     assert dead.body == b"first" and dead.headers["x-death"][0]["reason"] == "maxlen"
+
+
+# --------------------------------------------------------------------------- what review found
+
+
+def test_a_reject_that_frees_a_prefetch_slot_lets_the_queue_dispatch_again(vh, hooks, clock):
+    q, _ = vh.declare_queue("q")
+    first, second = put(vh, q, b"1", b"2")
+    ch = Channel()
+    c = consume(q, ch, prefetch=1)
+    q.dirty = False  # as after the turn that delivered the first
+    ch.unacked.pop(1)  # what the session does with the rejected delivery tag
+    fate.reject(q, first, c, ch, False, clock.monotonic())
+    assert q.dirty  # dispatch is asked for: the consumer has room and a message waits
+    q.dispatch()
+    assert [entry[0] for entry in ch.unacked.values()] == [second]
+
+
+def test_a_reject_after_the_queue_was_deleted_changes_nothing_more(vh, hooks, clock):
+    q, dlq = with_dlq(vh)
+    [m] = put(vh, q, b"gone")
+    ch = Channel()
+    c = consume(q, ch)
+    vh.delete_queue(q, reason="test")
+    fate.reject(q, m, c, ch, False, clock.monotonic())
+    assert dlq.message_count == 0
+    assert [n for n, _ in hooks.calls] == ["message_rejected"]
+
+
+def test_redrive_never_offers_a_message_to_a_target_that_would_dead_letter_it(vh, hooks, clock):
+    # the origin dead-letters what it refuses into the very dead-letter queue being redriven:
+    # offering the copy would make the dead-letter queue grow at every redrive
+    q, dlq = with_dlq(vh, "work", **{"x-max-length": 1, "x-overflow": "reject-publish-dlx"})
+    a, _ = put(vh, q, b"a", b"refused, dead-lettered")
+    ch = Channel()
+    c = consume(q, ch)
+    fate.reject(q, a, c, ch, False, clock.monotonic())
+    q.remove_consumer(c)
+    put(vh, q, b"fills work again")
+    assert dlq.message_count == 2
+    for _ in range(3):
+        assert fate.redrive(dlq) == ({}, 2)
+    assert dlq.message_count == 2 and q.message_count == 1
+
+
+def test_a_retry_copy_its_target_refuses_is_dropped_and_reported(vh, hooks, clock):
+    target, _ = vh.declare_queue(
+        "work", arguments={"x-max-length": 0, "x-overflow": "reject-publish"}
+    )
+    retry, _ = vh.declare_queue("work-RETRY", arguments={"x-retry-target": "work"})
+    [m] = put(vh, retry, b"no room", application_headers={"x-delay": 100})
+    clock.advance(0.2)
+    vh.timers.run_due()
+    assert retry.message_count == 0 and target.message_count == 0
+    assert hooks.named("message_dropped") == [
+        {"vhost": "/", "queue": "work-RETRY", "message": m, "reason": "maxlen"}
+    ]
+
+
+def test_isolation_remembers_only_the_messages_it_requeued(vh, hooks, clock):
+    q, dlq = with_dlq(vh, "q", **{"x-delivery-limit": 0})
+    put(vh, q, b"a")
+    stuck = consume(q, Channel("stuck"), "stuck")
+    fate.isolate(stuck, clock.monotonic())  # its one message passes the limit instead
+    assert dlq.message_count == 1 and q.message_count == 0
+    assert q.moved_waiting == set()

@@ -834,3 +834,22 @@ def test_invalid_expiration_is_406(connect):
         ch.queue_declare("bad-exp-q", passive=True)
     assert info.value.reply_code == 406
     assert counts(conn, "bad-exp-q")[0] == 0
+
+
+@pytest.mark.parametrize("how", ["reject", "requeue-past-delivery-limit"])
+def test_a_settle_without_requeue_frees_the_prefetch_slot(connect, how):
+    conn = connect()
+    ch = conn.channel()
+    args = {"x-delivery-limit": 0} if how != "reject" else {}
+    ch.queue_declare("slot", auto_delete=False, arguments=args)
+    for i in range(3):
+        ch.basic_publish(amqp.Message(f"m{i}"), routing_key="slot")
+    ch.basic_qos(0, 1, False)
+    got: list[amqp.Message] = []
+    ch.basic_consume("slot", callback=got.append)
+    drain_until(conn, lambda: len(got) == 1)
+    tag = got[0].delivery_tag
+    # requeue=True over a delivery limit of 0: the message is dropped, not requeued
+    ch.basic_reject(tag, requeue=how != "reject")
+    drain_until(conn, lambda: len(got) == 2, timeout=2.0)
+    assert got[1].body == "m1"
