@@ -29,27 +29,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-#: TDMQ's MESSAGE_DELAYLEVEL, in seconds
+#: TDMQ's MESSAGE_DELAYLEVEL, in seconds: the default ``<retry><levels>`` of the broker too
+#: (``1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h``). This module is the one home
+#: of the retry contract's numbers; it imports nothing from the broker, so kombu consumers can use
+#: it on their own.
 DEFAULT_LEVELS: tuple[float, ...] = (
-    1,
-    5,
-    10,
-    30,
-    60,
-    120,
-    180,
-    240,
-    300,
-    360,
-    420,
-    480,
-    540,
-    600,
-    1200,
-    1800,
-    3600,
-    7200,
+    1.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    180.0,
+    240.0,
+    300.0,
+    360.0,
+    420.0,
+    480.0,
+    540.0,
+    600.0,
+    1200.0,
+    1800.0,
+    3600.0,
+    7200.0,
 )
+#: the range of a retry delay, seconds (SPEC section 7: 1 s to 864,000 s, ten days)
 MIN_DELAY = 1.0
 MAX_DELAY = 864_000.0
 DEFAULT_MAX_RECONSUME = 16

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Union
 
+from broker.routing import match_words as _match_words
+
 if TYPE_CHECKING:
     from broker.domain.message import Message
     from broker.domain.queue import Queue
@@ -175,22 +177,6 @@ class FanoutExchange(Exchange):
 def topic_matches(pattern: str, routing_key: str) -> bool:
     """AMQP topic matching: words split on '.', ``*`` is one word, ``#`` zero or more."""
     return _match_words(pattern.split("."), 0, routing_key.split("."), 0)
-
-
-def _match_words(p: list[str], i: int, k: list[str], j: int) -> bool:
-    while i < len(p):
-        w = p[i]
-        if w == "#":
-            if i == len(p) - 1:
-                return True
-            return any(_match_words(p, i + 1, k, jj) for jj in range(j, len(k) + 1))
-        if j >= len(k):
-            return False
-        if w != "*" and w != k[j]:
-            return False
-        i += 1
-        j += 1
-    return j == len(k)
 
 
 class TopicExchange(Exchange):

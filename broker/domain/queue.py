@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from broker.domain import fate
 from broker.domain.message import Message
+from broker.retry import MAX_DELAY
 
 # defined in broker.subscription (policies read them too); re-exported for the core's modules
 from broker.subscription import EXCLUSIVE as EXCLUSIVE
@@ -343,7 +344,7 @@ class Queue:
         return True
 
     #: the longest a retry queue holds a message (TDMQ's 864,000 s, ten days)
-    MAX_RETRY_DELAY = 864_000.0
+    MAX_RETRY_DELAY = MAX_DELAY
 
     def retry_delay(self, msg: Message) -> float:
         """How long a retry queue holds ``msg``: its ``x-delay`` header (ms); else the delay

@@ -32,6 +32,7 @@ from broker.errors import (
     ChannelError,
     ConnectionError_,
 )
+from broker.routing import STANDARD_EXCHANGES
 from broker.store import MemoryStore, Store
 
 if TYPE_CHECKING:
@@ -45,15 +46,6 @@ class NoHooks:
 
     def __getattr__(self, name: str) -> None:
         return None
-
-
-STANDARD_EXCHANGES = (
-    ("amq.direct", "direct"),
-    ("amq.fanout", "fanout"),
-    ("amq.topic", "topic"),
-    ("amq.headers", "headers"),
-    ("amq.match", "headers"),
-)
 
 
 def _int_arg(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
