@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from broker.app import Broker
 from broker.clock import ManualClock
 from broker.codec import properties as P
-from broker.config import ConfigElementRegistry, parse_config
+from broker.config import parse_config
 from broker.domain.message import Message
 from plugins.slow_consumer import delete_policy, evaluate, log_policy
 
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
     clock = ManualClock()
-    broker = Broker(parse_config(CONFIG, registry=ConfigElementRegistry()), clock=clock)
+    broker = Broker(parse_config(CONFIG), clock=clock)  # the built-in plugins parse <consumer>
     vh = broker.vhosts["/"]
     topic = vh.exchanges["amq.topic"]
     raw = P.encode({"delivery_mode": 1})

@@ -51,6 +51,8 @@ from broker.registry import PluginError, Registry, unknown_policy_message
 if TYPE_CHECKING:
     from pluggy import HookCaller
 
+    from broker.config import ConfigElementRegistry
+
 log = logging.getLogger(__name__)
 
 #: Module names of the built-in plugins, registered before any other plugin through the same
@@ -232,21 +234,37 @@ class PluginHost:
 
     # -- configuration ----------------------------------------------------------------------------
 
-    def declare_policies(self, config_registry: Any) -> None:
-        """Tell the config loader every policy name plugins registered.
+    def config_registry(self) -> ConfigElementRegistry:
+        """The configuration language the registered plugins add, built as every load needs it.
 
-        ``broker.config`` refuses a ``<policy name>`` its element registry does not know, so the
-        core calls this after ``add_config_elements`` and before parsing: a plugin registers a
-        policy once, in ``broker_register``, and the XML can use it. Names the loader has built
-        in (it raises ``ValueError`` for them) are left to it.
+        A fresh :class:`~broker.config.ConfigElementRegistry` filled by every plugin's
+        ``broker_add_config_elements`` (the built-in plugins' sections included), then told the
+        policy and backoff names registered in ``broker_register`` (:meth:`declare_policies`).
+        """
+        from broker.config import ConfigElementRegistry
+
+        registry = ConfigElementRegistry()
+        if self.add_config_elements is not None:
+            self.add_config_elements(registry=registry)
+        self.declare_policies(registry)
+        return registry
+
+    def declare_policies(self, config_registry: Any) -> None:
+        """Tell the config registry every policy and backoff name plugins registered.
+
+        A section's parser refuses a ``<policy name>`` nobody registered (it asks the registry),
+        so the core calls this after ``add_config_elements`` and before parsing: a plugin
+        registers a policy once, in ``broker_register``, and the XML can use it. A name the
+        registry refuses (``ValueError``: one differing only in case from a registered one) is
+        left out.
         """
         for name in self.registry.policy_names():
             if config_registry.has_policy(name):
                 continue
             try:
                 config_registry.register_policy(name)
-            except ValueError:
-                log.debug("policy %r is built into the config loader", name)
+            except ValueError as exc:
+                log.debug("policy %r is not declared to the configuration: %s", name, exc)
         for name in self.registry.backoff_names():
             if not config_registry.has_backoff(name):
                 config_registry.register_backoff(name)
@@ -374,6 +392,18 @@ class PluginHost:
                 setattr(self, attr, caller)
 
 
+def builtin_config_registry() -> ConfigElementRegistry:
+    """The configuration elements, policies and backoff types of the built-in plugins alone.
+
+    What :func:`broker.config.parse_config` uses when it is given no registry: a host with only
+    :data:`BUILTIN_PLUGINS` (less any blocked through :data:`BLOCK_ENV`), asked the way the
+    runner asks its own host.
+    """
+    host = PluginHost()
+    host.load(entry_points=False, origin="the built-in plugins")
+    return host.config_registry()
+
+
 def _direct(impl: Any) -> Any:
     """Call a hook's only implementation without pluggy's dispatch.
 
@@ -477,5 +507,6 @@ __all__ = [
     "PluginError",
     "PluginHost",
     "Registry",
+    "builtin_config_registry",
     "hookspec_names",
 ]

@@ -122,11 +122,7 @@ def load_plugins(
     host = PluginHost(blocked=blocked)
     where = origin or (str(config_path) if config_path else "the configuration")
     host.load(modules, origin=where)
-    registry = ConfigElementRegistry()
-    if host.add_config_elements is not None:
-        host.add_config_elements(registry=registry)
-    host.declare_policies(registry)
-    return host, registry
+    return host, host.config_registry()
 
 
 async def start_broker(

@@ -25,8 +25,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from broker.config import ConfigElementRegistry
 from broker.decisions import DeadLetterTarget
 from broker.hookimpl import hookimpl
+from plugins import dead_letter_config
 
 if TYPE_CHECKING:
     from broker.core.api import BrokerAPI
@@ -75,6 +77,11 @@ class DeadLetterPlugin:
         log.info("retry queue '%s' in vhost '%s' declared for queue '%s'", name, vhost, queue)
 
     # ------------------------------------------------------------------ hooks
+
+    @hookimpl(trylast=True)
+    def broker_add_config_elements(self, registry: ConfigElementRegistry) -> None:
+        """``<deadLetter>`` is this plugin's section (see :mod:`plugins.dead_letter_config`)."""
+        dead_letter_config.add_config_elements(registry)
 
     @hookimpl(trylast=True)
     def broker_startup(self, broker: BrokerAPI) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.config import ConfigElementRegistry
 from broker.hookimpl import hookimpl
 from broker.policy import (
     Action,
@@ -41,11 +42,12 @@ from broker.policy import (
 )
 from broker.registry import Registrar
 from broker.subscription import SHARED
+from plugins import isolation_config
 
 JOB_NAME = "isolation"
 POLICY = "Isolation"
 #: the section element whose queues the check looks at
-SECTION = "isolation"
+SECTION = isolation_config.SECTION
 
 
 def stuck_since(consumer: ConsumerView) -> float | None:
@@ -135,3 +137,9 @@ def broker_register(registry: Registrar) -> None:
     registry.register_policy_job(
         JOB_NAME, evaluate, section=SECTION, period_key="isolation.checkPeriod"
     )
+
+
+@hookimpl(trylast=True)
+def broker_add_config_elements(registry: ConfigElementRegistry) -> None:
+    """``<isolation>`` is this plugin's section (parsed in :mod:`plugins.isolation_config`)."""
+    isolation_config.add_config_elements(registry)

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from broker.config import ConfigElementRegistry
 from broker.errors import RESOURCE_ERROR, SLOW_CONSUMER_TEXT
 from broker.hookimpl import hookimpl
 from broker.policy import (
@@ -42,12 +43,13 @@ from broker.policy import (
     Trigger,
 )
 from broker.registry import Registrar
+from plugins import slow_consumer_config
 
 log = logging.getLogger("plugins.slow_consumer")
 
 JOB_NAME = "slow-consumer"
 #: the section element whose queues the check looks at
-SECTION = "consumer"
+SECTION = slow_consumer_config.SECTION
 
 
 def measure(
@@ -162,3 +164,9 @@ def broker_register(registry: Registrar) -> None:
     registry.register_policy("Delete", delete_policy)
     registry.register_policy("Log", log_policy)
     registry.register_policy_job(JOB_NAME, evaluate, section=SECTION)
+
+
+@hookimpl(trylast=True)
+def broker_add_config_elements(registry: ConfigElementRegistry) -> None:
+    """``<consumer>`` is this plugin's section (parsed in :mod:`plugins.slow_consumer_config`)."""
+    slow_consumer_config.add_config_elements(registry)

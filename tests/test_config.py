@@ -11,22 +11,22 @@ from typing import Any
 import pytest
 
 from broker.config import (
-    DEFAULT_RETRY_LEVELS,
-    BackoffConfig,
     BrokerConfig,
     ConfigElementRegistry,
     ConfigError,
-    DeadLetterConfig,
-    IsolationConfig,
     ParseContext,
     ResolvedPolicy,
-    SlowConsumerConfig,
     TopicMatcher,
+    builtin_registry,
     default_config_path,
     load_config,
     load_default,
     parse_config,
 )
+from broker.retry import DEFAULT_LEVELS as DEFAULT_RETRY_LEVELS
+from plugins.dead_letter_config import BackoffConfig, DeadLetterConfig
+from plugins.isolation_config import IsolationConfig
+from plugins.slow_consumer_config import SlowConsumerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.xml"))
@@ -85,7 +85,7 @@ def test_slow_consumer_example_is_the_seed() -> None:
     vh = load_config(ROOT / "config/examples/slow-consumer-topic.xml").vhosts["/"]
     topic = vh.topics[0]
     assert (topic.key, topic.exchange) == ("stocks.us.*", "amq.topic")
-    c = topic.sections.consumer
+    c = topic.sections["consumer"]
     assert isinstance(c, SlowConsumerConfig)
     assert (c.depth, c.message_age, c.message_count, c.consumption_rate) == (
         4235264,
@@ -93,7 +93,7 @@ def test_slow_consumer_example_is_the_seed() -> None:
         50,
         100.0,
     )
-    assert c.policy.name == "Delete" and c.policy.delete_persistent is True
+    assert c.policy.name == "Delete" and c.policy.flag("delete-persistent") is True
     assert dict(c.policy.options) == {"delete-persistent": "true"}
     assert c.thresholds() == (
         ("depth", 4235264),
@@ -107,24 +107,24 @@ def test_shared_isolation_example() -> None:
     vh = load_config(ROOT / "config/examples/shared-isolation.xml").vhosts["/"]
     q = vh.queues["work"]
     assert q.subscription == "shared" and q.durable is True and q.declare
-    iso = q.sections.isolation
+    iso = q.sections["isolation"]
     assert iso == IsolationConfig(
         ack_timeout=300.0, max_isolated_ratio=0.6, check_period=30.0, max_unacked_per_consumer=1000
     )
     assert iso.max_isolated(5) == 3 and iso.max_isolated(1) == 0
-    assert vh.resolve("other").isolation.ack_timeout == 900.0
+    assert vh.resolve("other")["isolation"].ack_timeout == 900.0
 
 
 def test_retry_dlq_example() -> None:
     vh = load_config(ROOT / "config/examples/retry-dlq.xml").vhosts["/"]
-    dl = vh.queues["orders"].sections.dead_letter
+    dl = vh.queues["orders"].sections["deadLetter"]
     assert isinstance(dl, DeadLetterConfig)
     assert dl.max_redeliveries == 16 and dl.dlq_name("orders") == "orders-DLQ"
     assert dl.retry is not None and dl.retry.queue_name("orders") == "orders-RETRY"
     assert dl.retry.levels == DEFAULT_RETRY_LEVELS and len(DEFAULT_RETRY_LEVELS) == 18
     assert dl.backoff == BackoffConfig("exponential", min=1.0, max=60.0, multiplier=2.0)
     assert [dl.backoff.next_delay(n) for n in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
-    assert vh.resolve("invoices").dead_letter.dlq_name("invoices") == "invoices-DLQ"
+    assert vh.resolve("invoices")["deadLetter"].dlq_name("invoices") == "invoices-DLQ"
     assert vh.exchanges[0].name == "orders" and vh.exchanges[0].durable
 
 
@@ -148,13 +148,16 @@ def test_defaults_of_every_section() -> None:
     assert cfg.limits.max_message_size == 128 * 1024 * 1024
     assert cfg.users["guest"].vhosts == ("/",)  # no <users>: guest/guest, as RabbitMQ
     s = cfg.vhosts["/"].queues["q"].sections
-    assert s.isolation == IsolationConfig(300.0, 0.6, 30.0, 50000)
-    dl = s.dead_letter
+    assert s["isolation"] == IsolationConfig(300.0, 0.6, 30.0, 50000)
+    dl = s["deadLetter"]
     assert (dl.max_redeliveries, dl.queue, dl.queue_template) == (16, None, "{queue}-DLQ")
     assert dl.retry.queue is None and dl.retry.queue_name("q") == "q-RETRY"
     assert dl.retry.levels == DEFAULT_RETRY_LEVELS
     assert dl.backoff.levels == DEFAULT_RETRY_LEVELS and dl.backoff.next_delay(100) == 7200.0
-    assert s.consumer.policy.name == "Log" and s.consumer.policy.delete_persistent is False
+    assert (
+        s["consumer"].policy.name == "Log"
+        and s["consumer"].policy.flag("delete-persistent") is False
+    )
     assert cfg.vhosts["/"].queues["q"].durable is None and not cfg.vhosts["/"].queues["q"].declare
 
 
@@ -212,7 +215,7 @@ def test_model_is_read_only() -> None:
     with pytest.raises(TypeError):
         cfg.vhosts["x"] = None  # type: ignore[index]
     with pytest.raises(TypeError):
-        cfg.vhosts["/"].topics[0].sections.consumer.policy.options["x"] = "y"  # type: ignore[index]
+        cfg.vhosts["/"].topics[0].sections["consumer"].policy.options["x"] = "y"  # type: ignore[index]
 
 
 def test_str_input_with_encoding_declaration() -> None:
@@ -573,7 +576,7 @@ def throttle_parser(el: Any, ctx: ParseContext) -> Throttle:
 
 @pytest.fixture
 def registry() -> ConfigElementRegistry:
-    reg = ConfigElementRegistry()
+    reg = builtin_registry()  # what the plugin host hands the loader: built-in plugins' too
     reg.register("throttle", throttle_parser)
     reg.register(
         "statsd", lambda el, ctx: {"port": int(ctx.attr(el, "port", "8125"))}, level="broker"
@@ -601,9 +604,9 @@ def test_plugin_element_accepted_and_parsed(registry: ConfigElementRegistry) -> 
     assert vh.defaults["throttle"] == Throttle(50.0, 1.0, 1024)
     assert vh.resolve("other")["throttle"] == Throttle(50.0, 1.0, 1024)
     assert cfg.extensions["statsd"] == {"port": 9999}
-    c = vh.queues["q"].sections.consumer
+    c = vh.queues["q"].sections["consumer"]
     assert c.policy.name == "Throttle" and c.policy.option("x") == "y"
-    b = vh.queues["q"].sections.dead_letter.backoff
+    b = vh.queues["q"].sections["deadLetter"].backoff
     assert (
         b.type == "jittered"
         and not b.builtin
@@ -661,14 +664,18 @@ def test_builtin_sections_stay_strict_with_plugins(registry: ConfigElementRegist
 
 def test_registry_refuses_builtin_and_duplicate_names() -> None:
     reg = ConfigElementRegistry()
-    for name in ("consumer", "queue", "listen", "virtualhost"):
+    for name in ("queue", "listen", "virtualhost", "broker", "topic"):
         with pytest.raises(ValueError, match="built-in"):
             reg.register(name, throttle_parser)
     reg.register("x", throttle_parser)
     with pytest.raises(ValueError, match="already registered"):
         reg.register("x", throttle_parser)
-    with pytest.raises(ValueError):
-        reg.register_policy("delete")
+    # the built-in sections and policies belong to the built-in plugins, which took them first
+    builtins = builtin_registry()
+    with pytest.raises(ValueError, match="already registered"):
+        builtins.register("consumer", throttle_parser)
+    with pytest.raises(ValueError, match="differs only in case from 'Delete'"):
+        builtins.register_policy("delete")
     assert reg.get("x") is throttle_parser and reg.config_element("x") is throttle_parser
     assert reg.get("nope") is None
 
@@ -709,7 +716,11 @@ def vh() -> Any:
 
 
 def counts(p: ResolvedPolicy) -> tuple[int | None, int | None, float | None]:
-    return (p.consumer.message_count, p.dead_letter.max_redeliveries, p.isolation.ack_timeout)
+    return (
+        p["consumer"].message_count,
+        p["deadLetter"].max_redeliveries,
+        p["isolation"].ack_timeout,
+    )
 
 
 def test_vhost_defaults_apply_without_bindings(vh: Any) -> None:
@@ -731,23 +742,30 @@ def test_queue_wins_per_section_and_topic_supplies_the_rest(vh: Any) -> None:
 
 def test_first_matching_topic_in_document_order(vh: Any) -> None:
     # stocks.us.* comes before stocks.# and # ; all three match
-    assert vh.resolve("s", [("amq.topic", "topic", "stocks.us.nyse")]).consumer.message_count == 50
+    assert (
+        vh.resolve("s", [("amq.topic", "topic", "stocks.us.nyse")])["consumer"].message_count == 50
+    )
     # only stocks.# and # match two words after stocks
     assert (
-        vh.resolve("s", [("amq.topic", "topic", "stocks.eu.lse.x")]).consumer.message_count == 500
+        vh.resolve("s", [("amq.topic", "topic", "stocks.eu.lse.x")])["consumer"].message_count
+        == 500
     )
     # several bindings: the topic order decides, not the binding order
     p = vh.resolve("s", [("amq.topic", "topic", "bonds"), ("amq.topic", "topic", "stocks.us.x")])
-    assert p.consumer.message_count == 50
+    assert p["consumer"].message_count == 50
 
 
 def test_hash_matches_zero_words_and_star_exactly_one(vh: Any) -> None:
     # '#' matches zero words: stocks.# matches "stocks"
     p = vh.resolve("s", [("amq.topic", "topic", "stocks")])
-    assert p.consumer.message_count == 500 and p.source["consumer"] == "topic stocks.# on amq.topic"
+    assert (
+        p["consumer"].message_count == 500 and p.source["consumer"] == "topic stocks.# on amq.topic"
+    )
     # '*' is exactly one word: stocks.us.* matches neither stocks.us nor stocks.us.a.b
-    assert vh.resolve("s", [("amq.topic", "topic", "stocks.us")]).consumer.message_count == 500
-    assert vh.resolve("s", [("amq.topic", "topic", "stocks.us.a.b")]).consumer.message_count == 500
+    assert vh.resolve("s", [("amq.topic", "topic", "stocks.us")])["consumer"].message_count == 500
+    assert (
+        vh.resolve("s", [("amq.topic", "topic", "stocks.us.a.b")])["consumer"].message_count == 500
+    )
 
 
 def test_binding_key_equal_to_pattern_matches(vh: Any) -> None:
@@ -757,11 +775,11 @@ def test_binding_key_equal_to_pattern_matches(vh: Any) -> None:
 
 def test_exchange_defaults_to_amq_topic_and_must_match(vh: Any) -> None:
     # orders.* is configured on exchange "orders"; the same key on amq.topic does not match it
-    assert vh.resolve("o", [("orders", "topic", "orders.new")]).consumer.message_count == 5
+    assert vh.resolve("o", [("orders", "topic", "orders.new")])["consumer"].message_count == 5
     p = vh.resolve("o", [("amq.topic", "topic", "orders.new")])
     assert p.source["consumer"] == "topic # on amq.topic"
     # stocks.us.* is on amq.topic (the default), not on "orders"
-    assert vh.resolve("o", [("orders", "topic", "stocks.us.x")]).consumer.message_count == 1000
+    assert vh.resolve("o", [("orders", "topic", "stocks.us.x")])["consumer"].message_count == 1000
 
 
 def test_direct_exchange_binding_never_matches_a_topic(vh: Any) -> None:
@@ -886,7 +904,7 @@ def test_isolation_cap_and_backoff_helpers() -> None:
             '<queue name="q"><deadLetter><retry><levels>1s 5s</levels></retry></deadLetter></queue>'
         )
     ).vhosts["/"]
-    retry = vh.queues["q"].sections.dead_letter.retry
+    retry = vh.queues["q"].sections["deadLetter"].retry
     assert (retry.level_delay(1), retry.level_delay(2), retry.level_delay(9)) == (1.0, 5.0, 5.0)
 
 
@@ -940,10 +958,10 @@ def test_spec_section_4_example() -> None:
     assert cfg.plugins == ("my_company.policies",) and cfg.journal_path == Path("events")
     vh = cfg.vhosts["/"]
     p = vh.resolve("work", [("amq.topic", "topic", "stocks.us.nyse"), ("orders", "topic", "x")])
-    assert p.isolation.ack_timeout == 300.0 and p.isolation.check_period == 30.0
-    assert p.dead_letter.dlq_name("work") == "work-DLQ"
-    assert p.dead_letter.retry.queue_name("work") == "work-RETRY"
-    assert p.consumer.message_age == 600.0
+    assert p["isolation"].ack_timeout == 300.0 and p["isolation"].check_period == 30.0
+    assert p["deadLetter"].dlq_name("work") == "work-DLQ"
+    assert p["deadLetter"].retry.queue_name("work") == "work-RETRY"
+    assert p["consumer"].message_age == 600.0
     assert dict(p.source) == {
         "isolation": "queue work",
         "deadLetter": "queue work",

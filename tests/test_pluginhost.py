@@ -639,16 +639,18 @@ def test_verify_policies_on_a_real_parsed_config() -> None:
 
 def test_declared_policies_become_usable_in_the_xml() -> None:
     from broker.config import ConfigElementRegistry, ConfigError, parse_config
+    from plugins import slow_consumer_config
 
     xml = """<broker><virtualhost name="/"><topic key="a.*"><consumer>
       <messageCount>50</messageCount><policy name="ReducePrefetch"/>
     </consumer></topic></virtualhost></broker>"""
     config_registry = ConfigElementRegistry()
+    slow_consumer_config.add_config_elements(config_registry)  # <consumer>, as its hook does
     with pytest.raises(ConfigError, match="ReducePrefetch"):
         parse_config(xml, registry=config_registry)
     host = _host()
     host.register(_policy_plugin("ReducePrefetch"), "prefetch")
-    host.register(_policy_plugin("Delete"), "slow")  # built into the loader: left to it
+    host.register(_policy_plugin("Delete"), "slow")
     host.declare_policies(config_registry)
     config = parse_config(xml, registry=config_registry)
     host.verify_policies(config)

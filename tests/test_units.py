@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from broker.units import (
+from broker.config.units import (
     DURATION_PATTERN,
     SIZE_PATTERN,
     format_duration,

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from broker.units import parse_duration
+from broker.config.units import parse_duration
 
 
 def add_subparsers(sub: Any) -> None:

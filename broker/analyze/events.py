@@ -367,7 +367,7 @@ def latency_bucket(col: Any) -> Any:
 
 def latency_label(i: int) -> str:
     """A histogram bucket's label, e.g. ``10-20ms``."""
-    from broker.units import format_duration
+    from broker.config.units import format_duration
 
     lo = 0.0 if i == 0 else LATENCY_BOUNDS[i - 1]
     if i >= len(LATENCY_BOUNDS):

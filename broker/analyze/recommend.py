@@ -35,7 +35,7 @@ from broker.analyze.events import (
     settlements,
 )
 from broker.analyze.spark import Progress, Scratch, get_spark
-from broker.units import format_duration
+from broker.config.units import format_duration
 
 NICE_DURATIONS = (
     1,

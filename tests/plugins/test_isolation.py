@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from broker.config import IsolationConfig
 from broker.policy import ConsumerView, IsolateConsumer, QueueView, Snapshot, Spared
 from broker.registry import Registry
 from plugins.isolation import evaluate
+from plugins.isolation_config import IsolationConfig
 
 CFG = IsolationConfig(ack_timeout=300.0)
 #: isolation names no policy: a lookup with none registered

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from broker.config import PolicyRef, SlowConsumerConfig
+from broker.config import PolicyRef
 from broker.policy import (
     CloseConsumerChannels,
     ConsumerView,
@@ -17,6 +17,7 @@ from broker.policy import (
     Spared,
 )
 from plugins.slow_consumer import delete_policy, evaluate, log_policy, measure
+from plugins.slow_consumer_config import SlowConsumerConfig
 
 POLICIES = {"Delete": delete_policy, "Log": log_policy}
 

@@ -10,6 +10,10 @@ float **seconds** for durations and int **bytes** for sizes.
 The same grammar is expressed as patterns in ``config/plugbroker.xsd`` (:data:`DURATION_PATTERN`,
 :data:`SIZE_PATTERN`); a test keeps the two in step. The error messages here are the ones a user
 sees in ``file:line: <element>: ...`` reports, so they say what *would* have been accepted.
+
+This module is the one home of these conversions: the loader, plugin parsers (through
+:class:`broker.config.ParseContext`), the schema's error messages and the analysis pipeline all
+use it.
 """
 
 from __future__ import annotations

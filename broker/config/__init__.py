@@ -1,0 +1,74 @@
+"""The XML configuration: one file configures the broker (SPEC section 4).
+
+A package of small modules, each with one concern; import the public names from here:
+
+* :mod:`~broker.config.errors`: :class:`ConfigError`, located at file, line and element;
+* :mod:`~broker.config.units`: durations and sizes as written in the file;
+* :mod:`~broker.config.schema`: XML syntax and the XML Schema ``config/plugbroker.xsd``, with
+  lxml's messages turned into located, readable errors;
+* :mod:`~broker.config.model`: the immutable model (:class:`BrokerConfig`, :class:`VhostConfig`,
+  ...) and per-queue policy resolution (:meth:`VhostConfig.resolve`);
+* :mod:`~broker.config.registry`: :class:`ConfigElementRegistry`, the elements, policies and
+  backoff types plugins add to the language;
+* :mod:`~broker.config.context`: :class:`ParseContext`, the helpers every element parser uses;
+* :mod:`~broker.config.loader`: the walk over the core elements, and the entry points
+  :func:`load_config`, :func:`parse_config` and :func:`load_default`.
+
+The package knows no policy. The sections of the built-in plugins (``<consumer>``,
+``<isolation>``, ``<deadLetter>``) are parsed by those plugins (``plugins/*_config.py``),
+registered through the ``broker_add_config_elements`` hook like any third-party section.
+"""
+
+from __future__ import annotations
+
+from broker.config.context import OptionCheck, ParseContext, SectionScope
+from broker.config.errors import ConfigError
+from broker.config.loader import builtin_registry, load_config, load_default, parse_config
+from broker.config.model import (
+    DEFAULT_TOPIC_EXCHANGE,
+    BrokerConfig,
+    ExchangeDecl,
+    Limits,
+    PolicyRef,
+    QueueConfig,
+    ResolvedPolicy,
+    Sections,
+    TopicConfig,
+    TopicMatcher,
+    UnparsedSection,
+    User,
+    VhostConfig,
+)
+from broker.config.registry import ConfigElementRegistry, ElementParser, RegistryLike
+from broker.config.schema import default_config_path, schema_path
+from broker.subscription import SUBSCRIPTION_TYPES
+
+__all__ = [
+    "DEFAULT_TOPIC_EXCHANGE",
+    "SUBSCRIPTION_TYPES",
+    "BrokerConfig",
+    "ConfigElementRegistry",
+    "ConfigError",
+    "ElementParser",
+    "ExchangeDecl",
+    "Limits",
+    "OptionCheck",
+    "ParseContext",
+    "PolicyRef",
+    "QueueConfig",
+    "RegistryLike",
+    "ResolvedPolicy",
+    "SectionScope",
+    "Sections",
+    "TopicConfig",
+    "TopicMatcher",
+    "UnparsedSection",
+    "User",
+    "VhostConfig",
+    "builtin_registry",
+    "default_config_path",
+    "load_config",
+    "load_default",
+    "parse_config",
+    "schema_path",
+]

@@ -1,0 +1,494 @@
+"""The configuration model: immutable values the loader builds and the broker reads.
+
+Everything here is the core's own: the broker-level settings (:class:`BrokerConfig`,
+:class:`Limits`, :class:`User`), the virtual hosts with their declared exchanges, ``<queue>`` and
+``<topic>`` elements (:class:`VhostConfig`, :class:`ExchangeDecl`, :class:`QueueConfig`,
+:class:`TopicConfig`), and policy resolution (:meth:`VhostConfig.resolve` ->
+:class:`ResolvedPolicy`).
+
+A *section* (an element under ``<virtualhost>``, ``<queue>`` or ``<topic>`` such as
+``<consumer>``) is whatever object the plugin that registered the element returned from its
+parser; this module never looks inside one. It stores sections by element name
+(:class:`Sections`) and resolves them per queue: for each section element the ``<queue name>`` of
+that exact name wins, then the first ``<topic>`` in document order that matches one of the
+queue's topic-exchange bindings, then the ``<virtualhost>`` defaults. :class:`PolicyRef` (a
+section's ``<policy name>``) is core because the plugin host checks every policy name against the
+registered policies.
+
+Everything is immutable once loaded, so a reload builds a new :class:`BrokerConfig` and swaps it
+in only when the whole file is valid; a failed reload leaves the running one alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from broker.config.units import format_duration, format_size
+from broker.routing import STANDARD_EXCHANGES, topic_words_match
+
+__all__ = [
+    "DEFAULT_TOPIC_EXCHANGE",
+    "XML_FALSE",
+    "XML_TRUE",
+    "BrokerConfig",
+    "ExchangeDecl",
+    "Limits",
+    "PolicyRef",
+    "QueueConfig",
+    "ResolvedPolicy",
+    "Sections",
+    "TopicConfig",
+    "TopicMatcher",
+    "UnparsedSection",
+    "User",
+    "VhostConfig",
+    "default_users",
+    "describe_section",
+    "frozen_map",
+]
+
+#: the exchange a ``<topic>`` without ``exchange=`` applies to: the standard topic exchange
+DEFAULT_TOPIC_EXCHANGE: str = next(name for name, kind in STANDARD_EXCHANGES if kind == "topic")
+#: how the XML writes a boolean (xs:boolean's lexical forms)
+XML_TRUE: frozenset[str] = frozenset({"true", "1"})
+XML_FALSE: frozenset[str] = frozenset({"false", "0"})
+
+
+def frozen_map(d: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """A read-only copy of ``d`` (the model's mappings are never shared with the caller)."""
+    return MappingProxyType(dict(d or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """A user allowed to connect (PLAIN/AMQPLAIN) to the listed vhosts."""
+
+    name: str
+    password: str
+    vhosts: tuple[str, ...] = ("/",)
+
+    def can_access(self, vhost: str) -> bool:
+        return vhost in self.vhosts
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Connection limits offered in connection.tune and enforced by the front end."""
+
+    #: seconds; 0 disables heartbeats. AMQP negotiates whole seconds.
+    heartbeat: float = 60.0
+    frame_max: int = 131072
+    #: 0 means "no specific limit" in AMQP
+    channel_max: int = 2047
+    #: seconds a client gets to finish connection.start..open before it is dropped
+    handshake_timeout: float = 10.0
+    max_message_size: int = 128 * 1024 * 1024
+
+    def describe(self) -> str:
+        return (
+            f"heartbeat {format_duration(self.heartbeat)}, frameMax {self.frame_max}, "
+            f"channelMax {self.channel_max}, handshakeTimeout "
+            f"{format_duration(self.handshake_timeout)}, maxMessageSize "
+            f"{format_size(self.max_message_size)}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRef:
+    """A section's ``<policy name=".."><options><option name=".." value=".."/></options></policy>``.
+
+    The plugin that owns the section validates the options of its own policies; the plugin host
+    checks at load that some plugin registered ``name``.
+    """
+
+    name: str
+    options: Mapping[str, str] = field(default_factory=frozen_map)
+
+    def option(self, name: str, default: str | None = None) -> str | None:
+        return self.options.get(name, default)
+
+    def flag(self, name: str, default: bool = False) -> bool:
+        """A boolean option (``true``/``false``/``1``/``0``)."""
+        value = self.options.get(name)
+        if value is None:
+            return default
+        return value.strip().lower() in XML_TRUE
+
+    def describe(self) -> str:
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        return f"{self.name}({opts})" if opts else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class UnparsedSection:
+    """A section element the schema declares but no loaded plugin parses.
+
+    That happens when the plugin that owns the element is blocked (``<plugin enabled="false">``)
+    or not installed. The element has passed the schema; it has no effect. It is kept so that
+    ``check-config`` shows it and so that its ``<policy name>`` (if any) is still checked against
+    the registered policies, as for any other section.
+    """
+
+    element: str
+    line: int | None = None
+    policy: PolicyRef | None = None
+
+    def describe(self) -> str:
+        return f"not parsed: no loaded plugin handles <{self.element}>, so it has no effect"
+
+
+def describe_section(value: object, queue: str | None = None) -> str:
+    """One line about a section for ``check-config``.
+
+    A section may define ``describe() -> str``, and ``describe_for(queue) -> str`` when what it
+    says depends on the queue (a dead-letter queue named after it, say); otherwise its ``repr``.
+    """
+    if queue is not None:
+        describe_for = getattr(value, "describe_for", None)
+        if callable(describe_for):
+            try:
+                return str(describe_for(queue))
+            except Exception as exc:
+                return f"{value!r} (its describe_for() failed: {exc!r})"
+    describe = getattr(value, "describe", None)
+    if callable(describe):
+        try:
+            return str(describe())
+        except Exception as exc:
+            return f"{value!r} (its describe() failed: {exc!r})"
+    return repr(value)
+
+
+class Sections(Mapping[str, object]):
+    """Section element name -> parsed section, read-only (``sections["consumer"]``).
+
+    The values are what the registered parsers returned (or :class:`UnparsedSection`).
+    """
+
+    __slots__ = ("_items",)
+    _items: dict[str, object]
+
+    def __init__(self, items: Mapping[str, object] | None = None) -> None:
+        object.__setattr__(self, "_items", dict(items or {}))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Sections is read-only")
+
+    def __getitem__(self, key: str) -> object:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    # Mapping's own get/__contains__ go through __getitem__ and an exception; these are on the
+    # housekeeping path once per queue per check, so answer from the dict directly.
+    def get(self, key: str, default: object = None) -> object:
+        return self._items.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._items!r})"
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class ResolvedPolicy(Sections):
+    """The sections that apply to one queue, with where each came from.
+
+    ``source[name]`` is ``"queue work"``, ``"topic stocks.us.* on amq.topic"`` or
+    ``"virtualhost /"``; ``subscription`` is the queue's ``<queue subscription=>`` or ``None``.
+    """
+
+    __slots__ = ("queue", "source", "subscription")
+    queue: str
+    source: Mapping[str, str]
+    subscription: str | None
+
+    def __init__(
+        self,
+        queue: str,
+        items: Mapping[str, object],
+        source: Mapping[str, str],
+        subscription: str | None,
+    ) -> None:
+        super().__init__(items)
+        object.__setattr__(self, "queue", queue)
+        object.__setattr__(self, "source", MappingProxyType(dict(source)))
+        object.__setattr__(self, "subscription", subscription)
+
+    def __repr__(self) -> str:
+        return (
+            f"ResolvedPolicy(queue={self.queue!r}, sections={dict(self._items)!r}, "
+            f"source={dict(self.source)!r}, subscription={self.subscription!r})"
+        )
+
+    def describe(self) -> str:
+        """One line per section: ``name  settings  <- source``."""
+        lines = [
+            f"{name:<11} {describe_section(value, self.queue)}  <- {self.source[name]}"
+            for name, value in self._items.items()
+        ]
+        return "\n".join(lines) if lines else "(no policies)"
+
+
+class TopicMatcher:
+    """AMQP topic pattern matching on words: ``*`` is exactly one word, ``#`` zero or more.
+
+    Split once per ``<topic>`` at load; the matching itself is the topic exchange's
+    (:func:`broker.routing.topic_words_match`), so a ``<topic>`` policy reads a pattern
+    the way the router does. The binding key being tested is matched literally (a binding key
+    ``stocks.us.*`` is matched by the pattern ``stocks.#``). An empty binding key has zero words
+    here, so only ``#`` (or an empty pattern) matches it; the router splits an empty routing key
+    into one empty word instead.
+    """
+
+    __slots__ = ("_wild", "_words", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._words: tuple[str, ...] = tuple(pattern.split(".")) if pattern else ()
+        self._wild = any(w in ("*", "#") for w in self._words)
+
+    def matches(self, key: str) -> bool:
+        if not self._wild:
+            return key == self.pattern
+        return topic_words_match(self._words, key.split(".") if key else ())
+
+    def __repr__(self) -> str:
+        return f"TopicMatcher({self.pattern!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeDecl:
+    """``<exchange>``: an exchange the broker declares when the vhost starts."""
+
+    name: str
+    type: str
+    durable: bool = False
+    auto_delete: bool = False
+    #: declare arguments, e.g. ``{"x-delayed-type": "topic"}`` for x-delayed-message
+    arguments: Mapping[str, str] = field(default_factory=frozen_map)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """``<queue name>``: policies for the queue of exactly this name.
+
+    ``durable`` is ``None`` when the attribute is absent: the element then only carries policy
+    and the broker does not declare the queue (a client will, with whatever durability it
+    wants). With ``durable="true|false"`` the broker declares the queue at start (see
+    :attr:`declare`).
+    """
+
+    name: str
+    durable: bool | None = None
+    subscription: str | None = None
+    sections: Sections = field(default_factory=Sections)
+    line: int | None = None
+
+    @property
+    def declare(self) -> bool:
+        return self.durable is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """``<topic key [exchange]>``: policies for queues bound to a topic exchange with that key."""
+
+    key: str
+    exchange: str = DEFAULT_TOPIC_EXCHANGE
+    sections: Sections = field(default_factory=Sections)
+    line: int | None = None
+    matcher: TopicMatcher = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "matcher", TopicMatcher(self.key))
+
+    @property
+    def label(self) -> str:
+        return f"topic {self.key} on {self.exchange}"
+
+    def matches(self, exchange: str, exchange_type: str, binding_key: str) -> bool:
+        """True for a binding to this topic's exchange, of type topic, with a matching key."""
+        return (
+            exchange == self.exchange
+            and exchange_type == "topic"
+            and (binding_key == self.key or self.matcher.matches(binding_key))
+        )
+
+    def matches_any(self, bindings: Iterable[tuple[str, str, str]]) -> bool:
+        return any(self.matches(e, t, k) for e, t, k in bindings)
+
+
+@dataclass(frozen=True, slots=True)
+class VhostConfig:
+    """``<virtualhost name>``: declared exchanges, per-queue and per-topic policies, defaults."""
+
+    name: str
+    exchanges: tuple[ExchangeDecl, ...] = ()
+    queues: Mapping[str, QueueConfig] = field(default_factory=frozen_map)
+    topics: tuple[TopicConfig, ...] = ()
+    defaults: Sections = field(default_factory=Sections)
+
+    def resolve(
+        self, queue_name: str, bindings: Iterable[tuple[str, str, str]] = ()
+    ) -> ResolvedPolicy:
+        """The policy sections for ``queue_name`` with ``(exchange, exchange_type, key)`` bindings.
+
+        Per section element: the ``<queue>`` of that exact name, else the first ``<topic>`` in
+        document order that has the section and matches a binding whose exchange type is
+        ``topic``, else the vhost default. The caller passes the *effective* type, so a binding
+        to an x-delayed-message exchange with ``x-delayed-type: topic`` should be passed as
+        ``"topic"``. Cost: O(topics x bindings), no message is touched.
+        """
+        blist = tuple(bindings)
+        qc = self.queues.get(queue_name)
+        matching = [t for t in self.topics if t.matches_any(blist)] if blist else []
+        names: dict[str, None] = {}
+        if qc is not None:
+            names.update(dict.fromkeys(qc.sections))
+        for t in matching:
+            names.update(dict.fromkeys(t.sections))
+        names.update(dict.fromkeys(self.defaults))
+        items: dict[str, object] = {}
+        source: dict[str, str] = {}
+        for name in names:
+            if qc is not None and name in qc.sections:
+                items[name], source[name] = qc.sections[name], f"queue {qc.name}"
+                continue
+            for t in matching:
+                if name in t.sections:
+                    items[name], source[name] = t.sections[name], t.label
+                    break
+            else:
+                items[name], source[name] = self.defaults[name], f"virtualhost {self.name}"
+        return ResolvedPolicy(
+            queue_name, items, source, qc.subscription if qc is not None else None
+        )
+
+    def exchange(self, name: str) -> ExchangeDecl | None:
+        for ex in self.exchanges:
+            if ex.name == name:
+                return ex
+        return None
+
+
+def default_users() -> Mapping[str, User]:
+    return frozen_map({"guest": User("guest", "guest", ("/",))})
+
+
+def _default_vhosts() -> Mapping[str, VhostConfig]:
+    return frozen_map({"/": VhostConfig("/")})
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """The whole configuration. Every field has the default the file would give it.
+
+    Paths are kept as written (relative paths are relative to the broker's working directory,
+    which is how the README's run command uses ``data/``).
+    """
+
+    source: Path | None = None
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 5672
+    store_path: Path | None = None
+    #: ``normal`` (survives kill -9) or ``full`` (also survives power loss); see durability.md
+    store_sync: str = "normal"
+    users: Mapping[str, User] = field(default_factory=default_users)
+    housekeeping_threads: int = 4
+    #: seconds
+    housekeeping_period: float = 30.0
+    #: extra plugin modules / entry points to load, in document order
+    plugins: tuple[str, ...] = ()
+    #: plugins (built-in ones included) that must not be loaded: ``<plugin enabled="false">``
+    blocked_plugins: frozenset[str] = frozenset()
+    journal_path: Path | None = None
+    #: ``(host, port)`` of the admin HTTP interface, or None when ``<admin>`` is absent
+    admin: tuple[str, int] | None = None
+    limits: Limits = field(default_factory=Limits)
+    vhosts: Mapping[str, VhostConfig] = field(default_factory=_default_vhosts)
+    #: broker-level plugin elements, by element name -> what the plugin's parser returned
+    extensions: Mapping[str, object] = field(default_factory=frozen_map)
+
+    def vhost(self, name: str) -> VhostConfig | None:
+        return self.vhosts.get(name)
+
+    def describe(self) -> str:
+        """What ``plugbroker check-config FILE`` prints: settings, and what applies where."""
+        out: list[str] = []
+        origin = self.source if self.source is not None else "(built-in defaults)"
+        out.append(f"config {origin}: valid")
+        out.append(f"listen {self.listen_host}:{self.listen_port}")
+        out.append(f"store {self.store_path if self.store_path is not None else '(none)'}")
+        out.append(f"journal {self.journal_path if self.journal_path is not None else 'off'}")
+        out.append(
+            f"admin {'http://{}:{}'.format(*self.admin) if self.admin is not None else 'off'}"
+        )
+        out.append(
+            f"housekeeping {self.housekeeping_threads} threads, every "
+            f"{format_duration(self.housekeeping_period)}"
+        )
+        out.append(f"limits {self.limits.describe()}")
+        users = ", ".join(f"{u.name} ({' '.join(u.vhosts)})" for u in self.users.values())
+        out.append(f"users {users or '(none)'}")
+        out.append(f"plugins {' '.join(self.plugins) or '(built-in only)'}")
+        if self.blocked_plugins:
+            out.append(f"blocked plugins {' '.join(sorted(self.blocked_plugins))}")
+        for name, value in self.extensions.items():
+            out.append(f"<{name}> {describe_section(value)}")
+        for vh in self.vhosts.values():
+            out.append("")
+            out.append(f"virtualhost {vh.name}")
+            for ex in vh.exchanges:
+                flags = ["durable" if ex.durable else "transient"]
+                if ex.auto_delete:
+                    flags.append("auto-delete")
+                flags.extend(f"{k}={v}" for k, v in ex.arguments.items())
+                out.append(f"  exchange {ex.name}: {ex.type}, {', '.join(flags)}")
+            out.append("  defaults (every queue of this vhost unless overridden):")
+            for name, value in vh.defaults.items():
+                out.append(f"    {name:<11} {describe_section(value)}")
+            if not vh.defaults:
+                out.append("    (none)")
+            topic_sections = sorted({n for t in vh.topics for n in t.sections})
+            for qc in vh.queues.values():
+                attrs: list[str] = []
+                if qc.durable is not None:
+                    attrs.append("declared, durable" if qc.durable else "declared, transient")
+                attrs.append(f"subscription {qc.subscription or 'shared (default)'}")
+                out.append(f"  queue {qc.name} ({', '.join(attrs)}):")
+                out.extend(_indent(vh.resolve(qc.name, ()).describe(), 4))
+                open_ = [n for n in topic_sections if n not in qc.sections]
+                if open_:
+                    out.append(
+                        "    if bound to a matching <topic>, that topic supplies: "
+                        + ", ".join(open_)
+                    )
+            for t in vh.topics:
+                out.append(f"  {t.label} (queues bound to {t.exchange} with a key it matches):")
+                for name, value in t.sections.items():
+                    out.append(f"    {name:<11} {describe_section(value)}")
+                if not t.sections:
+                    out.append("    (no policies)")
+                rest = [n for n in vh.defaults if n not in t.sections]
+                if rest:
+                    out.append(
+                        f"    not set here (a later matching <topic> or virtualhost {vh.name} "
+                        f"applies): {', '.join(rest)}"
+                    )
+        return "\n".join(out)
+
+
+def _indent(text: str, n: int) -> list[str]:
+    pad = " " * n
+    return [pad + line for line in text.splitlines()]

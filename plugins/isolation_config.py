@@ -1,0 +1,73 @@
+"""The isolation plugin's configuration: the ``<isolation>`` section.
+
+Registered by :func:`plugins.isolation.broker_add_config_elements` exactly as a third-party plugin
+registers its elements; the core's loader only calls :func:`parse_isolation`. The schema
+(``config/plugbroker.xsd``) keeps the section's shape; ranges and the "shared queues only" rule
+are checked here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from math import floor
+from typing import Any
+
+from broker.config import ConfigElementRegistry, ParseContext
+from broker.config.units import format_duration
+from broker.subscription import SHARED
+
+__all__ = ["SECTION", "IsolationConfig", "add_config_elements", "parse_isolation"]
+
+#: the element this plugin reads; its check finds it as ``QueueView.policy["isolation"]``
+SECTION = "isolation"
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationConfig:
+    """``<isolation>``: ack-timeout isolation of consumers of a shared queue (TDMQ)."""
+
+    #: seconds without any ack/nack/reject, while holding unacked messages, before isolation
+    ack_timeout: float
+    max_isolated_ratio: float = 0.6
+    #: seconds between checks
+    check_period: float = 30.0
+    max_unacked_per_consumer: int = 50000
+
+    def max_isolated(self, consumers: int) -> int:
+        """``floor(maxIsolatedRatio x consumers)``, computed in decimal so 0.29 x 100 is 29."""
+        return floor(Decimal(repr(self.max_isolated_ratio)) * consumers)
+
+    def describe(self) -> str:
+        return (
+            f"ackTimeout {format_duration(self.ack_timeout)}, maxIsolatedRatio "
+            f"{self.max_isolated_ratio:g}, checkPeriod {format_duration(self.check_period)}, "
+            f"maxUnackedPerConsumer {self.max_unacked_per_consumer}"
+        )
+
+
+def parse_isolation(el: Any, ctx: ParseContext) -> IsolationConfig:
+    """``<isolation>`` -> :class:`IsolationConfig`; in a ``<queue>``, that queue must be shared."""
+    ack_timeout = ctx.duration(el, "ackTimeout")
+    if ack_timeout is None:  # the schema requires it; a parser called on its own still says so
+        raise ctx.error(el, "missing required child element <ackTimeout>")
+    config = IsolationConfig(
+        ack_timeout=ack_timeout,
+        max_isolated_ratio=ctx.number(el, "maxIsolatedRatio", 0.6, minimum=0.0, maximum=1.0),
+        check_period=ctx.duration(el, "checkPeriod", 30.0),
+        max_unacked_per_consumer=ctx.integer(el, "maxUnackedPerConsumer", 50000, minimum=1),
+    )
+    scope = ctx.scope(el)
+    subscription = scope.attributes.get("subscription")
+    if scope.kind == "queue" and subscription not in (None, SHARED):
+        raise ctx.error(
+            el,
+            f"isolation applies to shared queues only, and queue {scope.queue!r} has "
+            f"subscription {subscription}",
+        )
+    return config
+
+
+def add_config_elements(registry: ConfigElementRegistry) -> None:
+    """Register ``<isolation>`` (what the plugin's ``broker_add_config_elements`` does)."""
+    registry.register(SECTION, parse_isolation)
