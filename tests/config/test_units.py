@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from lxml import etree
 
+from broker.config import schema_path
 from broker.config.units import (
     DURATION_PATTERN,
     SIZE_PATTERN,
@@ -17,7 +16,7 @@ from broker.config.units import (
     parse_size,
 )
 
-XSD = Path(__file__).resolve().parent.parent / "config" / "plugbroker.xsd"
+XSD = schema_path()
 
 
 @pytest.mark.parametrize(

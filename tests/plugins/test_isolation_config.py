@@ -1,0 +1,111 @@
+"""<isolation>, parsed by the isolation plugin: ack timeout, ratio, shared queues only."""
+
+from __future__ import annotations
+
+import pytest
+from configutil import ROOT, assert_located, fails, wrap
+
+from broker.config import load_config, parse_config
+from broker.pluginhost import PluginHost
+from plugins.isolation_config import SECTION, IsolationConfig, parse_isolation
+
+
+def test_shared_isolation_example() -> None:
+    vh = load_config(ROOT / "config/examples/shared-isolation.xml").vhosts["/"]
+    q = vh.queues["work"]
+    assert q.subscription == "shared" and q.durable is True and q.declare
+    iso = q.sections["isolation"]
+    assert iso == IsolationConfig(
+        ack_timeout=300.0, max_isolated_ratio=0.6, check_period=30.0, max_unacked_per_consumer=1000
+    )
+    assert iso.max_isolated(5) == 3 and iso.max_isolated(1) == 0
+    assert vh.resolve("other")["isolation"].ack_timeout == 900.0
+
+
+def test_ratio_out_of_range() -> None:
+    err = fails(
+        wrap(
+            '<queue name="q"><isolation><ackTimeout>5m</ackTimeout>'
+            "\n\n<maxIsolatedRatio>1.5</maxIsolatedRatio></isolation></queue>"
+        )
+    )
+    assert_located(err, 5, "maxIsolatedRatio", "1.5 is too large", "at most 1")
+
+
+@pytest.mark.parametrize(
+    ("section", "element", "fragment"),
+    [
+        (
+            "<isolation><ackTimeout>0</ackTimeout></isolation>",
+            "ackTimeout",
+            "must be greater than 0s",
+        ),
+        (
+            "<isolation><ackTimeout>1s</ackTimeout><checkPeriod>0s</checkPeriod></isolation>",
+            "checkPeriod",
+            "greater than 0s",
+        ),
+        (
+            "<isolation><ackTimeout>1s</ackTimeout><maxUnackedPerConsumer>0</maxUnackedPerConsumer></isolation>",
+            "maxUnackedPerConsumer",
+            "whole number of 1 or more",
+        ),
+    ],
+)
+def test_isolation_range_and_rule_errors(section: str, element: str, fragment: str) -> None:
+    err = fails(wrap(f'<queue name="q">\n{section}\n</queue>'))
+    assert err.file == "config/bad.xml" and err.element == element, str(err)
+    assert err.line == 4, str(err)
+    assert f"config/bad.xml:4: <{element}>: " in str(err) and fragment in str(err), str(err)
+
+
+def test_isolation_on_exclusive_queue_is_an_error() -> None:
+    err = fails(
+        wrap(
+            '<queue name="q" subscription="exclusive">\n<isolation>'
+            "<ackTimeout>5m</ackTimeout></isolation></queue>"
+        )
+    )
+    assert_located(err, 4, "isolation", "shared queues only")
+
+
+def test_isolation_cap() -> None:
+    assert IsolationConfig(1.0, max_isolated_ratio=0.29).max_isolated(100) == 29
+    assert IsolationConfig(1.0, max_isolated_ratio=0.0).max_isolated(10) == 0
+    assert IsolationConfig(1.0, max_isolated_ratio=1.0).max_isolated(7) == 7
+
+
+def test_the_plugin_brings_isolation_through_its_hook() -> None:
+    host = PluginHost()
+    host.load(builtins=("plugins.isolation",), entry_points=False)
+    registry = host.config_registry()
+    assert registry.section_names == frozenset({SECTION})
+    assert registry.get(SECTION) is parse_isolation
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        '<queue name="q">{}</queue>',
+        '<queue name="q" subscription="shared">{}</queue>',
+        '<topic key="a.#">{}</topic>',
+        "{}",
+    ],
+)
+def test_isolation_is_accepted_where_the_queues_may_be_shared(container: str) -> None:
+    section = "<isolation><ackTimeout>5m</ackTimeout></isolation>"
+    parse_config(wrap(container.format(section)))
+
+
+@pytest.mark.parametrize("subscription", ["key_shared", "failover"])
+def test_isolation_is_refused_on_a_queue_that_is_not_shared(subscription: str) -> None:
+    err = fails(
+        wrap(
+            f'<queue name="q" subscription="{subscription}">\n'
+            "<isolation><ackTimeout>5m</ackTimeout></isolation></queue>"
+        )
+    )
+    assert str(err) == (
+        "config/bad.xml:4: <isolation>: isolation applies to shared queues only, and queue "
+        f"'q' has subscription {subscription}"
+    )
