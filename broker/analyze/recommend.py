@@ -35,6 +35,7 @@ from broker.analyze.events import (
     settlements,
 )
 from broker.analyze.spark import Progress, Scratch, get_spark
+from broker.config import DEFAULT_TOPIC_EXCHANGE
 from broker.config.units import format_duration
 
 NICE_DURATIONS = (
@@ -324,7 +325,7 @@ def render_xml(figures: list[QueueFigures], settings: dict[str, Any]) -> str:
             mm = max(m.max_messages for m in members)
             mb = max(m.max_bytes for m in members)
             ma = max(m.max_age for m in members)
-            ex_attr = "" if ex == "amq.topic" else f" exchange={quoteattr(ex)}"
+            ex_attr = "" if ex == DEFAULT_TOPIC_EXCHANGE else f" exchange={quoteattr(ex)}"
             out.append(
                 f"  <!-- topic {escape(key)} on {escape(ex)}: {len(members)} "
                 f"subscription queue(s); largest backlog {mm:,} messages ({mb:,} bytes),"
