@@ -103,6 +103,38 @@ def test_howto_test_snippet_runs(example: Any) -> None:
         namespace[name]()
 
 
+def test_howto_section_parser_runs() -> None:
+    """The how-to's section parser, registered as its snippet says, parses the page's own XML
+    and fails with the errors the page quotes."""
+    from broker.config import ConfigElementRegistry, ConfigError, parse_config
+
+    howto = (DOCS / "write-a-policy-plugin.md").read_text()
+    section = howto.split("### A section of your own", 1)[1].split("\n#", 1)[0]
+    blocks = FENCE.findall(section)
+    code = next(body for lang, body in blocks if "def parse_prefetch_cap" in body)
+    xml = next(body for lang, body in blocks if lang == "xml")
+    assert 'registry.register("prefetchCap", parse_prefetch_cap)' in section
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "write-a-policy-plugin.md", "exec"), namespace)
+    registry = ConfigElementRegistry()
+    registry.register("prefetchCap", namespace["parse_prefetch_cap"])
+    vh = parse_config(f"<broker>{xml}</broker>", registry=registry).vhosts["/"]
+    cap = namespace["PrefetchCap"]
+    assert vh.resolve("work")["prefetchCap"] == cap(threshold=50, prefetch=5)
+    assert vh.resolve("other")["prefetchCap"] == cap(threshold=1000, prefetch=10)
+    bad = (
+        "<broker>\n<virtualhost name='/'>\n<queue name='q'><prefetchCap>\n"
+        "<prefetch>0</prefetch></prefetchCap></queue></virtualhost></broker>"
+    )
+    with pytest.raises(ConfigError) as err:
+        parse_config(bad, "config/broker.xml", registry=registry)
+    assert f"`{err.value}`" in section  # the page quotes the error word for word
+    with pytest.raises(ConfigError) as err:
+        parse_config(f"<broker>{xml}</broker>", registry=ConfigElementRegistry())
+    assert str(err.value).endswith(": no plugin registered it")
+    assert f"`{err.value.message}`" in " ".join(section.split())
+
+
 def _consumer(tag: str, prefetch: int, no_ack: bool = False) -> ConsumerView:
     return ConsumerView(
         tag=tag,
