@@ -72,8 +72,9 @@ def broker_add_config_elements(registry: ConfigElementRegistry) -> None:
     ``<topic>`` and resolves per queue (its value reaches policies as
     ``QueueView.policy[element_name]``); with ``level="broker"`` an element directly under
     ``<broker>`` (its value lands in ``BrokerConfig.extensions``). ``parser(element, ctx)``
-    returns the parsed value. Policy names need no declaring here: the host declares every
-    policy registered in ``broker_register``.
+    returns the parsed value (``ctx`` is a ``broker.config.ParseContext``). Policy names need no
+    declaring here: the host declares every policy registered in ``broker_register``. The
+    built-in plugins register ``<consumer>``, ``<isolation>`` and ``<deadLetter>`` here too.
 
     :param registry: the configuration element registry (``broker.config.ConfigElementRegistry``).
 
