@@ -15,8 +15,73 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import broker
-from broker.codec import NEED_DATA, Heartbeat, Method, ProtocolHeader, Publish, ServerCodec
+from broker.codec import NEED_DATA, ServerCodec
+from broker.codec.events import (
+    BasicAck,
+    BasicCancel,
+    BasicConsume,
+    BasicGet,
+    BasicNack,
+    BasicQos,
+    BasicRecover,
+    BasicRecoverAsync,
+    BasicReject,
+    ChannelClose,
+    ChannelCloseOk,
+    ChannelFlow,
+    ChannelOpen,
+    ConfirmSelect,
+    ConnectionClose,
+    ConnectionCloseOk,
+    ConnectionOpen,
+    ConnectionStartOk,
+    ConnectionTuneOk,
+    ConnectionUpdateSecret,
+    Event,
+    ExchangeBind,
+    ExchangeDeclare,
+    ExchangeDelete,
+    ExchangeUnbind,
+    Heartbeat,
+    MethodEvent,
+    ProtocolHeader,
+    Publish,
+    QueueBind,
+    QueueDeclare,
+    QueueDelete,
+    QueuePurge,
+    QueueUnbind,
+    TxCommit,
+    TxRollback,
+    TxSelect,
+    UnexpectedMethod,
+)
 from broker.codec.frames import PROTOCOL_HEADER
+from broker.codec.ids import (
+    BASIC_ACK,
+    BASIC_CONSUME,
+    BASIC_GET,
+    BASIC_NACK,
+    BASIC_PUBLISH,
+    BASIC_REJECT,
+    CHANNEL_CLOSE_OK,
+    CHANNEL_OPEN,
+    CONFIRM_SELECT,
+    CONNECTION_OPEN,
+    CONNECTION_START_OK,
+    CONNECTION_TUNE_OK,
+    EXCHANGE_BIND,
+    EXCHANGE_UNBIND,
+    NO_METHOD,
+    QUEUE_BIND,
+    QUEUE_DELETE,
+    QUEUE_PURGE,
+    QUEUE_UNBIND,
+    TX_COMMIT,
+    TX_ROLLBACK,
+    TX_SELECT,
+    MethodId,
+)
 from broker.codec.properties import PropertiesError
 from broker.domain import fate
 from broker.domain.exchange import DelayedExchange
@@ -39,6 +104,15 @@ from broker.errors import (
     AMQPError,
     ChannelError,
     ConnectionError_,
+)
+from broker.session_state import (
+    DISCARDING,
+    HANDSHAKE,
+    REFUSED_CODE,
+    TRANSITIONS,
+    ConnectionState,
+    Trigger,
+    channel_zero_trigger,
 )
 
 if TYPE_CHECKING:
@@ -73,8 +147,11 @@ SERVER_CAPABILITIES = {
     "direct_reply_to": False,
 }
 
-# connection states
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+# the connection states the code below tests most (module globals: cheap on the hot path)
+AWAIT_HEADER = ConnectionState.AWAIT_HEADER
+OPEN = ConnectionState.OPEN
+CLOSING = ConnectionState.CLOSING
+CLOSED = ConnectionState.CLOSED
 
 
 class Channel:
@@ -289,6 +366,7 @@ class Connection:
         self.codec = ServerCodec(
             frame_max=limits.frame_max, max_message_size=limits.max_message_size
         )
+        #: moved only through the transition table (:meth:`_advance`)
         self.state = AWAIT_HEADER
         self.channels: dict[int, Channel] = {}
         self.closing_channels: set[int] = set()
@@ -314,33 +392,70 @@ class Connection:
         )
         self.close_reason = ""
         broker_.connection_opened(self)
-        self._handlers: dict[str, Callable[[Channel, tuple[Any, ...]], None]] = {
-            "channel.flow": self._channel_flow,
-            "channel.close": self._channel_close,
-            "channel.close_ok": self._channel_close_ok,
-            "exchange.declare": self._exchange_declare,
-            "exchange.delete": self._exchange_delete,
-            "exchange.bind": self._exchange_bind,
-            "exchange.unbind": self._exchange_unbind,
-            "queue.declare": self._queue_declare,
-            "queue.bind": self._queue_bind,
-            "queue.unbind": self._queue_unbind,
-            "queue.purge": self._queue_purge,
-            "queue.delete": self._queue_delete,
-            "basic.qos": self._basic_qos,
-            "basic.consume": self._basic_consume,
-            "basic.cancel": self._basic_cancel,
-            "basic.get": self._basic_get,
-            "basic.ack": self._basic_ack,
-            "basic.reject": self._basic_reject,
-            "basic.nack": self._basic_nack,
-            "basic.recover": self._basic_recover,
-            "basic.recover_async": self._basic_recover_async,
-            "confirm.select": self._confirm_select,
-            "tx.select": self._tx_select,
-            "tx.commit": self._tx_commit,
-            "tx.rollback": self._tx_rollback,
+        # Each handler takes the event class it is filed under; a mapping cannot say that
+        # per key, hence Any for the event argument.
+        self._handlers: dict[type[MethodEvent], Callable[[Channel, Any], None]] = {
+            ChannelFlow: self._channel_flow,
+            ChannelClose: self._channel_close,
+            ChannelCloseOk: self._channel_close_ok,
+            ExchangeDeclare: self._exchange_declare,
+            ExchangeDelete: self._exchange_delete,
+            ExchangeBind: self._exchange_bind,
+            ExchangeUnbind: self._exchange_unbind,
+            QueueDeclare: self._queue_declare,
+            QueueBind: self._queue_bind,
+            QueueUnbind: self._queue_unbind,
+            QueuePurge: self._queue_purge,
+            QueueDelete: self._queue_delete,
+            BasicQos: self._basic_qos,
+            BasicConsume: self._basic_consume,
+            BasicCancel: self._basic_cancel,
+            BasicGet: self._basic_get,
+            BasicAck: self._basic_ack,
+            BasicReject: self._basic_reject,
+            BasicNack: self._basic_nack,
+            BasicRecover: self._basic_recover,
+            BasicRecoverAsync: self._basic_recover_async,
+            ConfirmSelect: self._confirm_select,
+            TxSelect: self._tx_select,
+            TxCommit: self._tx_commit,
+            TxRollback: self._tx_rollback,
         }
+        self._connection_handlers: dict[Trigger, Callable[[Any], None]] = {
+            Trigger.START_OK: self._start_ok,
+            Trigger.TUNE_OK: self._tune_ok,
+            Trigger.OPEN: self._open,
+            Trigger.CLOSE: self._client_close,
+            Trigger.CLOSE_OK: self._client_close_ok,
+            Trigger.UPDATE_SECRET: self._update_secret,
+        }
+
+    # ================================================================ the state machine
+
+    def _advance(self, trigger: Trigger) -> None:
+        """Move to the state the transition table gives for ``trigger``."""
+        target = TRANSITIONS.get((self.state, trigger))
+        if target is None:  # a bug: callers check first (:meth:`_allows`, :meth:`_admits`)
+            raise AssertionError(f"no transition from {self.state} on {trigger}")
+        self.state = target
+
+    def _allows(self, trigger: Trigger) -> bool:
+        """Whether the table has a transition for ``trigger`` in the current state."""
+        return (self.state, trigger) in TRANSITIONS
+
+    def _admits(self, trigger: Trigger, name: str, method: MethodId) -> bool:
+        """Whether a client's ``trigger`` may be handled now: True if the table allows it,
+        False if it is to be discarded (after our connection.close), else a 503."""
+        state = self.state
+        if (state, trigger) in TRANSITIONS:
+            return True
+        if state in DISCARDING or state is CLOSED:
+            return False
+        if trigger is Trigger.CHANNEL_METHOD:
+            text = f"{name} before the connection was opened"
+        else:
+            text = f"unexpected {name} on channel 0"
+        raise ConnectionError_(REFUSED_CODE, text, method)
 
     # ================================================================ I/O edges
 
@@ -356,7 +471,7 @@ class Connection:
     def flush(self) -> None:
         self.flush_pending = False
         out = self.out
-        if out and self.state != CLOSED:
+        if out and self.state is not CLOSED:
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
             self.last_sent = self.clock.monotonic()
@@ -375,7 +490,7 @@ class Connection:
                 c.queue.vhost.mark_dirty(c.queue)
 
     def data_received(self, data: bytes) -> None:
-        if self.state == CLOSED:
+        if self.state is CLOSED:
             return
         self.last_recv = self.clock.monotonic()
         self.codec.receive_data(data)
@@ -385,7 +500,7 @@ class Connection:
         """Handle buffered events; yield after MAX_EVENTS_PER_TURN (read back-pressure)."""
         codec = self.codec
         handled = 0
-        while self.state != CLOSED:
+        while self.state is not CLOSED:
             try:
                 ev = codec.next_event()
             except ConnectionError_ as e:
@@ -419,12 +534,12 @@ class Connection:
             self.transport.resume_reading()
 
     def connection_lost(self) -> None:
-        if self.state == CLOSED:
+        if not self._allows(Trigger.LOST):
             return
         prev = self.state
-        self.state = CLOSED
+        self._advance(Trigger.LOST)
         self._cleanup()
-        if prev not in (CLOSING,):
+        if prev is not CLOSING:
             log.info(
                 "connection %s (%s) closed by peer%s",
                 self.id,
@@ -462,7 +577,7 @@ class Connection:
         self.close_channel(ch, e.code, e.reply_text, e.method)
 
     def close_channel(
-        self, ch: Channel, code: int, text: str, method: tuple[int, int] = (0, 0)
+        self, ch: Channel, code: int, text: str, method: tuple[int, int] = NO_METHOD
     ) -> None:
         """Close a channel from the broker side (an error, or a policy such as 506)."""
         if ch.closing:
@@ -473,106 +588,117 @@ class Connection:
         self.send(ch.id, "channel.close", code, text[:255], method[0], method[1])
 
     def connection_error(self, e: AMQPError) -> None:
-        if self.state in (CLOSING, CLOSED):
+        if not self._allows(Trigger.SEND_CLOSE):
             return
         log.warning("connection %s (%s) closed: %d %s", self.id, self.peer, e.code, e.text)
         self.close(e.code, e.reply_text, e.method)
 
-    def close(self, code: int, text: str, method: tuple[int, int] = (0, 0)) -> None:
+    def close(self, code: int, text: str, method: tuple[int, int] = NO_METHOD) -> None:
         """Send connection.close and wait (a bounded time) for close-ok."""
-        if self.state in (CLOSING, CLOSED):
+        if not self._allows(Trigger.SEND_CLOSE):
             return
         self.close_reason = text
         was_open = self.state
-        self.state = CLOSING
+        self._advance(Trigger.SEND_CLOSE)
         self.out.append(
             self.codec.encode_method(0, "connection.close", code, text[:255], method[0], method[1])
         )
         self.flush()
         for ch in list(self.channels.values()):
             ch.teardown("connection-closed")
-        if was_open == AWAIT_HEADER:
+        if was_open is AWAIT_HEADER:
             self._drop()
             return
         self.broker.timers.call_later(self.broker.close_timeout, self._drop)
 
-    def _drop(self) -> None:
-        if self.state == CLOSED:
+    def _drop(self, trigger: Trigger = Trigger.DROP) -> None:
+        """Write what is pending and close the socket (``trigger`` says why: DROP, or the
+        client's close / close-ok while we were closing)."""
+        if not self._allows(trigger):
             return
         self.flush()
-        self.state = CLOSED
+        self._advance(trigger)
         self._cleanup()
         self.transport.close()
 
     def _handshake_timeout(self) -> None:
         self._timeout_timer = None
-        if self.state < OPEN:
+        if self.state in HANDSHAKE:
             log.warning(
                 "connection %s (%s) dropped: handshake not finished within %.1f s",
                 self.id,
                 self.peer,
                 self.broker.limits.handshake_timeout,
             )
-            self.state = CLOSED
+            self._advance(Trigger.DROP)
             self._cleanup()
             self.transport.close()
 
     # ================================================================ dispatch
 
-    def handle(self, ev: ProtocolHeader | Method | Publish | Heartbeat) -> None:
-        if isinstance(ev, Publish):
-            ch = self._open_channel(ev.channel, (60, 40))
+    def handle(self, ev: Event) -> None:
+        if isinstance(ev, Publish):  # the hot path first
+            ch = self._open_channel(ev.channel, BASIC_PUBLISH, "basic.publish")
             if ch is not None:
                 self._publish(ch, ev)
             return
-        if isinstance(ev, Method):
-            if ev.channel == 0:
-                self._connection_method(ev)
-                return
-            if self.state != OPEN:
-                if self.state == CLOSING:
+        if isinstance(ev, MethodEvent):
+            if ev.channel and self.state is OPEN:
+                # the common case (basic.ack): a channel method with a handler, connection open
+                handler = self._handlers.get(type(ev))
+                if handler is not None:
+                    ch = self._open_channel(ev.channel, ev.ID, ev.NAME)
+                    if ch is not None:
+                        handler(ch, ev)
                     return
-                raise ConnectionError_(
-                    COMMAND_INVALID, f"{ev.name} before the connection was opened", ev.spec.sig
-                )
-            name = ev.spec.name
-            if name == "channel.open":
-                self._channel_open(ev.channel)
+            self._method(ev, ev.NAME, ev.ID)
+        elif isinstance(ev, UnexpectedMethod):
+            self._method(ev, ev.name, ev.method_id)
+        elif isinstance(ev, Heartbeat):
+            self._admits(Trigger.HEARTBEAT, "heartbeat", NO_METHOD)
+        elif isinstance(ev, ProtocolHeader):
+            trigger = Trigger.HEADER if ev.ok else Trigger.BAD_HEADER
+            if not self._admits(trigger, "protocol header", NO_METHOD):
                 return
-            ch = self._open_channel(ev.channel, ev.spec.sig, name)
-            if ch is None:
+            if ev.ok:
+                self._start()
                 return
-            handler = self._handlers.get(name)
-            if handler is None:
-                raise ConnectionError_(
-                    COMMAND_INVALID, f"{name} is not valid on a channel from a client", ev.spec.sig
-                )
-            handler(ch, ev.args)
-            return
-        if isinstance(ev, Heartbeat):
-            return
-        if isinstance(ev, ProtocolHeader):
-            if not ev.ok:
-                log.warning(
-                    "connection %s (%s): wrong protocol header %r; answered with ours",
-                    self.id,
-                    self.peer,
-                    ev.data,
-                )
-                self.transport.write(PROTOCOL_HEADER)
-                self.state = CLOSED
-                self._cleanup()
-                self.transport.close()
-                return
-            self._start()
+            log.warning(
+                "connection %s (%s): wrong protocol header %r; answered with ours",
+                self.id,
+                self.peer,
+                ev.data,
+            )
+            self.transport.write(PROTOCOL_HEADER)
+            self._advance(Trigger.BAD_HEADER)
+            self._cleanup()
+            self.transport.close()
 
-    def _open_channel(
-        self, channel_id: int, sig: tuple[int, int], name: str = "basic.publish"
-    ) -> Channel | None:
-        if self.state != OPEN:
-            if self.state == CLOSING:
-                return None
-            raise ConnectionError_(COMMAND_INVALID, f"{name} before the connection was opened", sig)
+    def _method(self, ev: MethodEvent | UnexpectedMethod, name: str, sig: MethodId) -> None:
+        """Route a method: channel 0 to the state machine, the rest to a channel's handler."""
+        if ev.channel == 0:
+            trigger = channel_zero_trigger(type(ev))
+            if self._admits(trigger, name, sig):
+                self._connection_handlers[trigger](ev)
+            return
+        if self.state is not OPEN and not self._admits(Trigger.CHANNEL_METHOD, name, sig):
+            return
+        if type(ev) is ChannelOpen:
+            self._channel_open(ev.channel)
+            return
+        ch = self._open_channel(ev.channel, sig, name)
+        if ch is None:
+            return
+        handler = self._handlers.get(type(ev))  # type: ignore[arg-type]
+        if handler is None:
+            raise ConnectionError_(
+                COMMAND_INVALID, f"{name} is not valid on a channel from a client", sig
+            )
+        handler(ch, ev)
+
+    def _open_channel(self, channel_id: int, sig: MethodId, name: str) -> Channel | None:
+        if self.state is not OPEN and not self._admits(Trigger.CHANNEL_METHOD, name, sig):
+            return None
         if channel_id in self.closing_channels:
             # after our channel.close, only close/close-ok count; the rest is dropped
             if name == "channel.close_ok":
@@ -593,7 +719,7 @@ class Connection:
     # ================================================================ connection class
 
     def _start(self) -> None:
-        self.state = AWAIT_START_OK
+        self._advance(Trigger.HEADER)
         props = {
             "product": "plugbroker",
             "version": broker.__version__,
@@ -604,63 +730,55 @@ class Connection:
         }
         self.send(0, "connection.start", 0, 9, props, "PLAIN AMQPLAIN", "en_US")
 
-    def _connection_method(self, ev: Method) -> None:
-        name = ev.spec.name
-        a = ev.args
-        st = self.state
-        if st == CLOSING:
-            if name == "connection.close_ok":
-                self._drop()
-            elif name == "connection.close":
-                self.send(0, "connection.close_ok")
-                self._drop()
-            return
-        if name == "connection.close":
-            log.info("connection %s (%s) closed by client: %s %s", self.id, self.peer, a[0], a[1])
-            self.close_reason = f"{a[0]} {a[1]}"
-            for ch in list(self.channels.values()):
-                ch.teardown("connection-closed")
-            self.channels.clear()
+    def _client_close(self, m: ConnectionClose) -> None:
+        if self.state is CLOSING:  # the client's close crossed ours
             self.send(0, "connection.close_ok")
-            self.flush()
-            self.state = CLOSED
-            self._cleanup()
-            self.transport.close()
+            self._drop(Trigger.CLOSE)
             return
-        if st == AWAIT_START_OK and name == "connection.start_ok":
-            self._start_ok(*a)
-        elif st == AWAIT_TUNE_OK and name == "connection.tune_ok":
-            self._tune_ok(*a)
-        elif st == AWAIT_OPEN and name == "connection.open":
-            self._open(a[0])
-        elif name == "connection.update_secret" and st == OPEN:
-            raise ConnectionError_(
-                NOT_IMPLEMENTED, "connection.update_secret is not supported", ev.spec.sig
-            )
-        elif name in ("connection.close_ok",):
-            return
-        else:
-            raise ConnectionError_(COMMAND_INVALID, f"unexpected {name} on channel 0", ev.spec.sig)
+        log.info(
+            "connection %s (%s) closed by client: %s %s",
+            self.id,
+            self.peer,
+            m.reply_code,
+            m.reply_text,
+        )
+        self.close_reason = f"{m.reply_code} {m.reply_text}"
+        for ch in list(self.channels.values()):
+            ch.teardown("connection-closed")
+        self.channels.clear()
+        self.send(0, "connection.close_ok")
+        self.flush()
+        self._advance(Trigger.CLOSE)
+        self._cleanup()
+        self.transport.close()
 
-    def _start_ok(
-        self, client_props: dict[str, Any], mechanism: str, response: bytes, locale: str
-    ) -> None:
+    def _client_close_ok(self, m: ConnectionCloseOk) -> None:
+        if self.state is CLOSING:
+            self._drop(Trigger.CLOSE_OK)
+        else:  # nobody asked for it: ignored (the table keeps the state)
+            self._advance(Trigger.CLOSE_OK)
+
+    def _update_secret(self, m: ConnectionUpdateSecret) -> None:
+        raise ConnectionError_(NOT_IMPLEMENTED, "connection.update_secret is not supported", m.ID)
+
+    def _start_ok(self, m: ConnectionStartOk) -> None:
+        client_props, mechanism = m.client_properties, m.mechanism
         self.client_props = client_props if isinstance(client_props, dict) else {}
         caps = self.client_props.get("capabilities")
         self.client_caps = caps if isinstance(caps, dict) else {}
-        user, password = self._credentials(mechanism, response)
+        user, password = self._credentials(mechanism, m.response)
         if not self.broker.authenticate(user, password):
             text = f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
             log.warning("connection %s (%s): login refused for user %r", self.id, self.peer, user)
             if self.client_caps.get("authentication_failure_close"):
-                self.close(ACCESS_REFUSED, text, (10, 11))
+                self.close(ACCESS_REFUSED, text, CONNECTION_START_OK)
             else:
-                self.state = CLOSED
+                self._advance(Trigger.DROP)
                 self._cleanup()
                 self.transport.close()
             return
         self.user = user
-        self.state = AWAIT_TUNE_OK
+        self._advance(Trigger.START_OK)
         lim = self.broker.limits
         self.send(0, "connection.tune", lim.channel_max, lim.frame_max, int(lim.heartbeat))
 
@@ -668,7 +786,9 @@ class Connection:
         if mechanism == "PLAIN":
             parts = bytes(response).split(b"\x00")
             if len(parts) != 3:
-                raise ConnectionError_(ACCESS_REFUSED, "malformed PLAIN response", (10, 11))
+                raise ConnectionError_(
+                    ACCESS_REFUSED, "malformed PLAIN response", CONNECTION_START_OK
+                )
             return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
         if mechanism == "AMQPLAIN":
             from amqp.serialization import loads
@@ -678,46 +798,48 @@ class Connection:
                 table, _ = loads("F", len(raw).to_bytes(4, "big") + raw, 0)
             except Exception:
                 raise ConnectionError_(
-                    ACCESS_REFUSED, "malformed AMQPLAIN response", (10, 11)
+                    ACCESS_REFUSED, "malformed AMQPLAIN response", CONNECTION_START_OK
                 ) from None
             t = table[0]
             return str(t.get("LOGIN", "")), str(t.get("PASSWORD", ""))
         raise ConnectionError_(
             ACCESS_REFUSED,
             f"unsupported authentication mechanism {mechanism!r}; use PLAIN or AMQPLAIN",
-            (10, 11),
+            CONNECTION_START_OK,
         )
 
-    def _tune_ok(self, channel_max: int, frame_max: int, heartbeat: int) -> None:
+    def _tune_ok(self, m: ConnectionTuneOk) -> None:
+        channel_max, frame_max, heartbeat = m.channel_max, m.frame_max, m.heartbeat
         lim = self.broker.limits
         if frame_max and frame_max < 4096:
             raise ConnectionError_(
-                SYNTAX_ERROR, f"frame_max {frame_max} is below the minimum 4096", (10, 31)
+                SYNTAX_ERROR, f"frame_max {frame_max} is below the minimum 4096", CONNECTION_TUNE_OK
             )
         if frame_max > lim.frame_max:
             raise ConnectionError_(
                 SYNTAX_ERROR,
                 f"frame_max {frame_max} is above the offered {lim.frame_max}",
-                (10, 31),
+                CONNECTION_TUNE_OK,
             )
         self.frame_max = frame_max or lim.frame_max
         self.codec.tune(self.frame_max)
         self.channel_max = min(channel_max or lim.channel_max, lim.channel_max)
         self.heartbeat = heartbeat
-        self.state = AWAIT_OPEN
+        self._advance(Trigger.TUNE_OK)
 
-    def _open(self, vhost_name: str) -> None:
+    def _open(self, m: ConnectionOpen) -> None:
+        vhost_name = m.virtual_host
         vh = self.broker.vhosts.get(vhost_name)
         if vh is None:
-            raise ConnectionError_(NOT_ALLOWED, f"vhost '{vhost_name}' not found", (10, 40))
+            raise ConnectionError_(NOT_ALLOWED, f"vhost '{vhost_name}' not found", CONNECTION_OPEN)
         if not self.broker.may_access(self.user, vhost_name):
             raise ConnectionError_(
                 NOT_ALLOWED,
                 f"access to vhost '{vhost_name}' refused for user '{self.user}'",
-                (10, 40),
+                CONNECTION_OPEN,
             )
         self.vhost = vh
-        self.state = OPEN
+        self._advance(Trigger.OPEN)
         if self._timeout_timer is not None:
             self.broker.timers.cancel(self._timeout_timer)
             self._timeout_timer = None
@@ -740,7 +862,7 @@ class Connection:
 
     def _hb_tick(self) -> None:
         self._hb_timer = None
-        if self.state != OPEN or not self.heartbeat:
+        if self.state is not OPEN or not self.heartbeat:
             return
         now = self.clock.monotonic()
         hb = self.heartbeat
@@ -757,7 +879,7 @@ class Connection:
                 hb,
             )
             self.close_reason = "missed heartbeats"
-            self.state = CLOSED
+            self._advance(Trigger.DROP)
             self._cleanup()
             self.transport.close()
             return
@@ -768,7 +890,7 @@ class Connection:
 
     def set_blocked(self, reason: str | None) -> None:
         """A resource alarm went on (``reason``) or off (None)."""
-        if not self.client_caps.get("connection.blocked") or self.state != OPEN:
+        if not self.client_caps.get("connection.blocked") or self.state is not OPEN:
             if reason is None and self.blocked:
                 self.blocked = False
                 self.transport.resume_reading()
@@ -788,151 +910,143 @@ class Connection:
 
     def _channel_open(self, channel_id: int) -> None:
         if channel_id in self.channels or channel_id in self.closing_channels:
-            raise ConnectionError_(CHANNEL_ERROR, f"channel {channel_id} is already open", (20, 10))
+            raise ConnectionError_(
+                CHANNEL_ERROR, f"channel {channel_id} is already open", CHANNEL_OPEN
+            )
         if channel_id > self.channel_max:
             raise ConnectionError_(
                 CHANNEL_ERROR,
                 f"channel {channel_id} is above channel_max {self.channel_max}",
-                (20, 10),
+                CHANNEL_OPEN,
             )
         self.channels[channel_id] = Channel(self, channel_id)
         self.send(channel_id, "channel.open_ok", b"")
 
-    def _channel_flow(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        ch.flow = bool(a[0])
+    def _channel_flow(self, ch: Channel, m: ChannelFlow) -> None:
+        ch.flow = bool(m.active)
         self.send(ch.id, "channel.flow_ok", ch.flow)
         if ch.flow:
             for c in ch.consumers.values():
                 c.queue.vhost.mark_dirty(c.queue)
 
-    def _channel_close(self, ch: Channel, a: tuple[Any, ...]) -> None:
+    def _channel_close(self, ch: Channel, m: ChannelClose) -> None:
         ch.teardown("channel-closed")
         self.channels.pop(ch.id, None)
         self.codec.discard_channel(ch.id)
         self.send(ch.id, "channel.close_ok")
 
-    def _channel_close_ok(self, ch: Channel, a: tuple[Any, ...]) -> None:
+    def _channel_close_ok(self, ch: Channel, m: ChannelCloseOk) -> None:
         raise ConnectionError_(
             CHANNEL_ERROR,
             f"channel.close_ok on channel {ch.id}, which the broker did not close",
-            (20, 41),
+            CHANNEL_CLOSE_OK,
         )
 
     # ================================================================ exchange class
 
-    def _exchange_declare(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, name, type_, passive, durable, auto_delete, internal, nowait, args = a
+    def _exchange_declare(self, ch: Channel, m: ExchangeDeclare) -> None:
         ch.vhost.declare_exchange(
-            name,
-            type_,
-            passive=passive,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=args,
+            m.exchange,
+            m.type,
+            passive=m.passive,
+            durable=m.durable,
+            auto_delete=m.auto_delete,
+            internal=m.internal,
+            arguments=m.arguments,
         )
-        if not nowait:
+        if not m.nowait:
             self.send(ch.id, "exchange.declare_ok")
 
-    def _exchange_delete(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, name, if_unused, nowait = a
-        if name in ch.vhost.exchanges:
-            ch.vhost.delete_exchange(name, if_unused=if_unused)
-        if not nowait:
+    def _exchange_delete(self, ch: Channel, m: ExchangeDelete) -> None:
+        if m.exchange in ch.vhost.exchanges:
+            ch.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+        if not m.nowait:
             self.send(ch.id, "exchange.delete_ok")
 
-    def _exchange_bind(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, dest, source, key, nowait, args = a
+    def _exchange_bind(self, ch: Channel, m: ExchangeBind) -> None:
         vh = ch.vhost
-        d = vh.get_exchange(dest, (40, 30))
-        s = vh.get_exchange(source, (40, 30))
-        vh.bind(s, d, key, args)
-        if not nowait:
+        d = vh.get_exchange(m.destination, EXCHANGE_BIND)
+        s = vh.get_exchange(m.source, EXCHANGE_BIND)
+        vh.bind(s, d, m.routing_key, m.arguments)
+        if not m.nowait:
             self.send(ch.id, "exchange.bind_ok")
 
-    def _exchange_unbind(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, dest, source, key, nowait, args = a
+    def _exchange_unbind(self, ch: Channel, m: ExchangeUnbind) -> None:
         vh = ch.vhost
-        d = vh.get_exchange(dest, (40, 40))
-        s = vh.get_exchange(source, (40, 40))
-        vh.unbind(s, d, key, args)
-        if not nowait:
+        d = vh.get_exchange(m.destination, EXCHANGE_UNBIND)
+        s = vh.get_exchange(m.source, EXCHANGE_UNBIND)
+        vh.unbind(s, d, m.routing_key, m.arguments)
+        if not m.nowait:
             self.send(ch.id, "exchange.unbind_ok")
 
     # ================================================================ queue class
 
-    def _queue_declare(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, name, passive, durable, exclusive, auto_delete, nowait, args = a
+    def _queue_declare(self, ch: Channel, m: QueueDeclare) -> None:
         vh = ch.vhost
         q, _created = vh.declare_queue(
-            name,
-            passive=passive,
-            durable=durable,
-            exclusive=exclusive,
-            auto_delete=auto_delete,
-            arguments=args,
+            m.queue,
+            passive=m.passive,
+            durable=m.durable,
+            exclusive=m.exclusive,
+            auto_delete=m.auto_delete,
+            arguments=m.arguments,
             owner=self.id,
-            subscription_type=self.broker.configured_subscription(vh.name, name),
+            subscription_type=self.broker.configured_subscription(vh.name, m.queue),
         )
-        if not nowait:
+        if not m.nowait:
             self.send(ch.id, "queue.declare_ok", q.name, q.ready_count, len(q.consumers))
 
-    def _queue_bind(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, qname, exchange, key, nowait, args = a
+    def _queue_bind(self, ch: Channel, m: QueueBind) -> None:
         vh = ch.vhost
-        q = vh.get_queue(qname, (50, 20), self.id)
-        ex = vh.get_exchange(exchange, (50, 20))
-        vh.bind(ex, q, key, args)
-        if not nowait:
+        q = vh.get_queue(m.queue, QUEUE_BIND, self.id)
+        ex = vh.get_exchange(m.exchange, QUEUE_BIND)
+        vh.bind(ex, q, m.routing_key, m.arguments)
+        if not m.nowait:
             self.send(ch.id, "queue.bind_ok")
 
-    def _queue_unbind(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, qname, exchange, key, args = a
+    def _queue_unbind(self, ch: Channel, m: QueueUnbind) -> None:
         vh = ch.vhost
-        q = vh.get_queue(qname, (50, 50), self.id)
-        ex = vh.get_exchange(exchange, (50, 50))
-        vh.unbind(ex, q, key, args)
+        q = vh.get_queue(m.queue, QUEUE_UNBIND, self.id)
+        ex = vh.get_exchange(m.exchange, QUEUE_UNBIND)
+        vh.unbind(ex, q, m.routing_key, m.arguments)
         self.send(ch.id, "queue.unbind_ok")
 
-    def _queue_purge(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, qname, nowait = a
-        q = ch.vhost.get_queue(qname, (50, 30), self.id)
+    def _queue_purge(self, ch: Channel, m: QueuePurge) -> None:
+        q = ch.vhost.get_queue(m.queue, QUEUE_PURGE, self.id)
         n = q.purge()
-        if not nowait:
+        if not m.nowait:
             self.send(ch.id, "queue.purge_ok", n)
 
-    def _queue_delete(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, qname, if_unused, if_empty, nowait = a
+    def _queue_delete(self, ch: Channel, m: QueueDelete) -> None:
         vh = ch.vhost
-        q = vh.queues.get(qname)
+        q = vh.queues.get(m.queue)
         n = 0
         if q is not None:
-            vh._check_owner(q, self.id, (50, 40))
+            vh._check_owner(q, self.id, QUEUE_DELETE)
             n = vh.delete_queue(
                 q,
                 reason="client",
                 detail=f"queue.delete on connection {self.id}",
-                if_unused=if_unused,
-                if_empty=if_empty,
+                if_unused=m.if_unused,
+                if_empty=m.if_empty,
             )
-        if not nowait:
+        if not m.nowait:
             self.send(ch.id, "queue.delete_ok", n)
 
     # ================================================================ basic class
 
-    def _basic_qos(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _prefetch_size, prefetch_count, global_ = a
-        if global_:
-            ch.prefetch_global = prefetch_count
+    def _basic_qos(self, ch: Channel, m: BasicQos) -> None:
+        if m.global_:
+            ch.prefetch_global = m.prefetch_count
         else:
-            ch.prefetch_consumer = prefetch_count
+            ch.prefetch_consumer = m.prefetch_count
         self.send(ch.id, "basic.qos_ok")
         for c in ch.consumers.values():
             c.queue.vhost.mark_dirty(c.queue)
 
-    def _basic_consume(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, qname, tag, _no_local, no_ack, exclusive, nowait, args = a
-        sig = (60, 20)
+    def _basic_consume(self, ch: Channel, m: BasicConsume) -> None:
+        qname, tag, exclusive = m.queue, m.consumer_tag, m.exclusive
+        sig = BASIC_CONSUME
         q = ch.vhost.get_queue(qname, sig, self.id)
         if not tag:
             tag = "amq.ctag-" + secrets.token_urlsafe(16)
@@ -951,13 +1065,13 @@ class Connection:
         c = q.add_consumer(
             tag,
             ch,
-            no_ack=no_ack,
+            no_ack=m.no_ack,
             exclusive=exclusive,
             prefetch=ch.prefetch_consumer,
-            arguments=args,
+            arguments=m.arguments,
         )
         ch.consumers[tag] = c
-        if not nowait:
+        if not m.nowait:
             self.send(ch.id, "basic.consume_ok", tag)
         h = self.broker.hooks.consumer_added
         if h is not None:
@@ -969,18 +1083,18 @@ class Connection:
                 channel_id=ch.id,
             )
 
-    def _basic_cancel(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        tag, nowait = a
+    def _basic_cancel(self, ch: Channel, m: BasicCancel) -> None:
+        tag = m.consumer_tag
         c = ch.consumers.pop(tag, None)
         if c is not None:
             c.queue.remove_consumer(c)
             ch._consumer_gone(c, "cancel")
-        if not nowait:
+        if not m.nowait:
             self.send(ch.id, "basic.cancel_ok", tag)
 
-    def _basic_get(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        _, qname, no_ack = a
-        q = ch.vhost.get_queue(qname, (60, 70), self.id)
+    def _basic_get(self, ch: Channel, get: BasicGet) -> None:
+        qname, no_ack = get.queue, get.no_ack
+        q = ch.vhost.get_queue(qname, BASIC_GET, self.id)
         q.getters[(self.id, ch.id)] = None
         ch.polled[id(q)] = q
         if ch.prefetch_global and len(ch.unacked) >= ch.prefetch_global and not no_ack:
@@ -1023,16 +1137,16 @@ class Connection:
                 no_ack=no_ack,
             )
 
-    def _basic_ack(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        tag, multiple = a
+    def _basic_ack(self, ch: Channel, m: BasicAck) -> None:
+        tag, multiple = m.delivery_tag, m.multiple
         if ch.tx:  # validate now, apply at commit
-            self._tx_check_tag(ch, tag, multiple, (60, 80))
+            self._tx_check_tag(ch, tag, multiple, BASIC_ACK)
             ch.tx_ops.append(("ack", (tag, multiple)))
             return
         self._ack(ch, tag, multiple)
 
     def _ack(self, ch: Channel, tag: int, multiple: bool) -> None:
-        entries = ch.settle_tags(tag, multiple, (60, 80))
+        entries = ch.settle_tags(tag, multiple, BASIC_ACK)
         if not entries:
             return
         fate.ack_all(entries, ch, self.clock.monotonic())
@@ -1046,21 +1160,21 @@ class Connection:
         for c in ch.consumers.values():
             c.queue.vhost.mark_dirty(c.queue)
 
-    def _basic_reject(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        tag, requeue = a
+    def _basic_reject(self, ch: Channel, m: BasicReject) -> None:
+        tag, requeue = m.delivery_tag, m.requeue
         if ch.tx:
-            self._tx_check_tag(ch, tag, False, (60, 90))
+            self._tx_check_tag(ch, tag, False, BASIC_REJECT)
             ch.tx_ops.append(("reject", (tag, False, requeue)))
             return
-        self._reject(ch, tag, False, requeue, (60, 90))
+        self._reject(ch, tag, False, requeue, BASIC_REJECT)
 
-    def _basic_nack(self, ch: Channel, a: tuple[Any, ...]) -> None:
-        tag, multiple, requeue = a
+    def _basic_nack(self, ch: Channel, m: BasicNack) -> None:
+        tag, multiple, requeue = m.delivery_tag, m.multiple, m.requeue
         if ch.tx:
-            self._tx_check_tag(ch, tag, multiple, (60, 120))
+            self._tx_check_tag(ch, tag, multiple, BASIC_NACK)
             ch.tx_ops.append(("reject", (tag, multiple, requeue)))
             return
-        self._reject(ch, tag, multiple, requeue, (60, 120))
+        self._reject(ch, tag, multiple, requeue, BASIC_NACK)
 
     def _reject(
         self, ch: Channel, tag: int, multiple: bool, requeue: bool, sig: tuple[int, int]
@@ -1075,16 +1189,18 @@ class Connection:
         if entries and ch.prefetch_global:
             self._channel_has_room(ch)
 
-    def _basic_recover(self, ch: Channel, a: tuple[Any, ...]) -> None:
+    def _basic_recover(self, ch: Channel, m: BasicRecover) -> None:
         ch.requeue_all("recover")
         self.send(ch.id, "basic.recover_ok")
 
-    def _basic_recover_async(self, ch: Channel, a: tuple[Any, ...]) -> None:
+    def _basic_recover_async(self, ch: Channel, m: BasicRecoverAsync) -> None:
         ch.requeue_all("recover")
 
     def _publish(self, ch: Channel, ev: Publish) -> None:
         if ev.immediate:
-            raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true is not supported", (60, 40))
+            raise ConnectionError_(
+                NOT_IMPLEMENTED, "immediate=true is not supported", BASIC_PUBLISH
+            )
         if self.broker.alarm is not None and not self.blocked:
             # first publish during a resource alarm: stop reading from this publisher too
             self.blocked = True
@@ -1095,13 +1211,13 @@ class Connection:
             ex = vh.exchanges.get(ev.exchange)
             if ex is None:
                 raise ChannelError(
-                    NOT_FOUND, f"no exchange '{ev.exchange}' in vhost '{vh.name}'", (60, 40)
+                    NOT_FOUND, f"no exchange '{ev.exchange}' in vhost '{vh.name}'", BASIC_PUBLISH
                 )
             if ex.internal:
                 raise ChannelError(
                     ACCESS_REFUSED,
                     f"cannot publish to internal exchange '{ev.exchange}' in vhost '{vh.name}'",
-                    (60, 40),
+                    BASIC_PUBLISH,
                 )
             ch.tx_ops.append(("publish", ev))
             return
@@ -1113,13 +1229,13 @@ class Connection:
         ex = vh.exchanges.get(ev.exchange)
         if ex is None:
             raise ChannelError(
-                NOT_FOUND, f"no exchange '{ev.exchange}' in vhost '{vh.name}'", (60, 40)
+                NOT_FOUND, f"no exchange '{ev.exchange}' in vhost '{vh.name}'", BASIC_PUBLISH
             )
         if ex.internal:
             raise ChannelError(
                 ACCESS_REFUSED,
                 f"cannot publish to internal exchange '{ev.exchange}' in vhost '{vh.name}'",
-                (60, 40),
+                BASIC_PUBLISH,
             )
         clock = self.clock
         try:
@@ -1134,7 +1250,7 @@ class Connection:
                 clock.time(),
             )
         except PropertiesError as exc:
-            raise ChannelError(PRECONDITION_FAILED, str(exc), (60, 40)) from None
+            raise ChannelError(PRECONDITION_FAILED, str(exc), BASIC_PUBLISH) from None
         seq = 0
         if ch.confirm:
             ch.publish_seq += 1
@@ -1143,7 +1259,7 @@ class Connection:
             delay = DelayedExchange.delay_of(msg) if ex.type == "x-delayed-message" else 0.0
             queues = vh.route(ex, msg) if delay <= 0 else []
         except PropertiesError as exc:
-            raise ChannelError(PRECONDITION_FAILED, str(exc), (60, 40)) from None
+            raise ChannelError(PRECONDITION_FAILED, str(exc), BASIC_PUBLISH) from None
         if delay > 0:
             vh.hold_delayed(ex, msg, delay)  # type: ignore[arg-type]
             if seq:
@@ -1187,24 +1303,24 @@ class Connection:
                 self.send(ch.id, "basic.ack", seq, False)
 
     def _confirm(self, ch: Channel, seq: int) -> None:
-        if self.state == OPEN and not ch.closing:
+        if self.state is OPEN and not ch.closing:
             self.send(ch.id, "basic.ack", seq, False)
 
     # ================================================================ confirm / tx
 
-    def _confirm_select(self, ch: Channel, a: tuple[Any, ...]) -> None:
+    def _confirm_select(self, ch: Channel, m: ConfirmSelect) -> None:
         if ch.tx:
             raise ChannelError(
-                PRECONDITION_FAILED, "cannot switch from tx to confirm mode", (85, 10)
+                PRECONDITION_FAILED, "cannot switch from tx to confirm mode", CONFIRM_SELECT
             )
         ch.confirm = True
-        if not a[0]:
+        if not m.nowait:
             self.send(ch.id, "confirm.select_ok")
 
-    def _tx_select(self, ch: Channel, a: tuple[Any, ...]) -> None:
+    def _tx_select(self, ch: Channel, m: TxSelect) -> None:
         if ch.confirm:
             raise ChannelError(
-                PRECONDITION_FAILED, "cannot switch from confirm to tx mode", (90, 10)
+                PRECONDITION_FAILED, "cannot switch from confirm to tx mode", TX_SELECT
             )
         ch.tx = True
         self.send(ch.id, "tx.select_ok")
@@ -1219,9 +1335,9 @@ class Connection:
         ):
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", sig)
 
-    def _tx_commit(self, ch: Channel, a: tuple[Any, ...]) -> None:
+    def _tx_commit(self, ch: Channel, m: TxCommit) -> None:
         if not ch.tx:
-            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional", (90, 20))
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional", TX_COMMIT)
         ops, ch.tx_ops = ch.tx_ops, []
         for kind, arg in ops:
             if kind == "publish":
@@ -1231,21 +1347,21 @@ class Connection:
                 self._ack(ch, *arg)
             else:
                 tag, multiple, requeue = arg
-                self._reject(ch, tag, multiple, requeue, (60, 120))
+                self._reject(ch, tag, multiple, requeue, BASIC_NACK)
         if ch.vhost.store.durable:  # commit-ok once the transaction's writes are on disk
             ch.vhost.store.after_durable(
                 lambda: (
                     self.send(ch.id, "tx.commit_ok")
-                    if self.state == OPEN and not ch.closing
+                    if self.state is OPEN and not ch.closing
                     else None
                 )
             )
         else:
             self.send(ch.id, "tx.commit_ok")
 
-    def _tx_rollback(self, ch: Channel, a: tuple[Any, ...]) -> None:
+    def _tx_rollback(self, ch: Channel, m: TxRollback) -> None:
         if not ch.tx:
-            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional", (90, 30))
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional", TX_ROLLBACK)
         ch.tx_ops.clear()
         self.send(ch.id, "tx.rollback_ok")
 
@@ -1253,10 +1369,10 @@ class Connection:
 
     def force_close(self, text: str = "broker shutdown") -> None:
         """Close with 320 CONNECTION_FORCED (shutdown, admin)."""
-        if self.state == OPEN:
+        if self.state is OPEN:
             self.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {text}")
-        elif self.state != CLOSED:
-            self.state = CLOSED
+        elif self._allows(Trigger.DROP):
+            self._advance(Trigger.DROP)
             self._cleanup()
             self.transport.close()
 

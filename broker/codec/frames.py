@@ -17,10 +17,19 @@ per-channel content error) carrying the reply code; after a framing error the co
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Any, Final
 
-from broker.codec.methods import BY_NAME, MethodSpec, decode_args, encode_args, lookup
+from broker.codec.events import (
+    BasicAck,
+    Event,
+    Heartbeat,
+    MethodEvent,
+    ProtocolHeader,
+    Publish,
+    UnexpectedMethod,
+)
+from broker.codec.ids import BASIC_ACK, BASIC_CLASS, BASIC_DELIVER, BASIC_PUBLISH, MethodId
+from broker.codec.methods import BY_NAME, decode_args, encode_args, lookup
 from broker.errors import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
@@ -46,11 +55,17 @@ FRAME_MIN_SIZE: Final = 4096
 _HDR = struct.Struct(">BHI")
 _CONTENT_HDR = struct.Struct(">HHQ")
 _U64 = struct.Struct(">Q")
-_PUBLISH_SIG: Final = b"\x00\x3c\x00\x28"  # 60, 40
-_ACK_SIG: Final = b"\x00\x3c\x00\x50"  # 60, 80
-_DELIVER_SIG: Final = b"\x00\x3c\x00\x3c"  # 60, 60
 _HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
-_BASIC_CLASS: Final = 60
+
+
+def _head(sig: MethodId) -> bytes:
+    """The first four bytes of a method frame's payload: class and method id."""
+    return struct.pack(">HH", *sig)
+
+
+_PUBLISH_SIG: Final = _head(BASIC_PUBLISH)
+_ACK_SIG: Final = _head(BASIC_ACK)
+_DELIVER_SIG: Final = _head(BASIC_DELIVER)
 
 
 class _NeedData:
@@ -61,50 +76,6 @@ class _NeedData:
 
 
 NEED_DATA: Final = _NeedData()
-
-
-@dataclass(frozen=True, slots=True)
-class ProtocolHeader:
-    """The 8-byte greeting; ``ok`` is false when it is not AMQP 0-9-1."""
-
-    ok: bool
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Method:
-    """A method without content (everything except basic.publish from a client)."""
-
-    channel: int
-    spec: MethodSpec
-    args: tuple[Any, ...]
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-
-@dataclass(frozen=True, slots=True)
-class Publish:
-    """A complete basic.publish: method, content header and body."""
-
-    channel: int
-    exchange: str
-    routing_key: str
-    mandatory: bool
-    immediate: bool
-    body_size: int
-    #: raw property flags and property list of the content header, passed through unchanged
-    properties: bytes
-    body: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    channel: int
-
-
-Event = ProtocolHeader | Method | Publish | Heartbeat
 
 
 class _Pending:
@@ -255,7 +226,7 @@ class ServerCodec:
             return Heartbeat(channel)
         raise FrameError(FRAME_ERROR, f"unknown frame type {ftype}")
 
-    def _on_method(self, channel: int, payload: bytes) -> Event | None:
+    def _on_method(self, channel: int, payload: bytes) -> MethodEvent | UnexpectedMethod | None:
         if len(payload) < 4:
             raise ConnectionError_(
                 SYNTAX_ERROR, "method frame shorter than its class and method ids"
@@ -271,7 +242,7 @@ class ServerCodec:
             del self._pending[channel]
         head = payload[:4]
         if head == _ACK_SIG and len(payload) == 13:
-            return Method(channel, _ACK, (_U64.unpack_from(payload, 4)[0], bool(payload[12] & 1)))
+            return BasicAck(channel, _U64.unpack_from(payload, 4)[0], bool(payload[12] & 1))
         if head == _PUBLISH_SIG:
             try:
                 p = 6
@@ -286,10 +257,10 @@ class ServerCodec:
                     raise IndexError
             except (IndexError, UnicodeDecodeError):
                 raise ConnectionError_(
-                    SYNTAX_ERROR, "malformed arguments for basic.publish", (60, 40)
+                    SYNTAX_ERROR, "malformed arguments for basic.publish", BASIC_PUBLISH
                 ) from None
             if channel == 0:
-                raise ConnectionError_(COMMAND_INVALID, "basic.publish on channel 0", (60, 40))
+                raise ConnectionError_(COMMAND_INVALID, "basic.publish on channel 0", BASIC_PUBLISH)
             self._pending[channel] = _Pending(exchange, routing_key, bool(bits & 1), bool(bits & 2))
             return None
         class_id, method_id = struct.unpack_from(">HH", payload)
@@ -300,7 +271,7 @@ class ServerCodec:
             raise ConnectionError_(
                 COMMAND_INVALID, f"{spec.name} is sent by servers only", spec.sig
             )
-        return Method(channel, spec, args)
+        return spec.event_of(channel, args)
 
     def _on_header(self, channel: int, payload: bytes) -> Publish | None:
         pending = self._pending.get(channel)
@@ -311,9 +282,10 @@ class ServerCodec:
         if len(payload) < 14:
             raise FrameError(FRAME_ERROR, "content header frame shorter than 14 bytes")
         class_id, _weight, body_size = _CONTENT_HDR.unpack_from(payload)
-        if class_id != _BASIC_CLASS:
+        if class_id != BASIC_CLASS:
             raise ConnectionError_(
-                UNEXPECTED_FRAME, f"content header for class {class_id}, expected 60 (basic)"
+                UNEXPECTED_FRAME,
+                f"content header for class {class_id}, expected {BASIC_CLASS} (basic)",
             )
         pending.has_header = True
         pending.body_size = body_size
@@ -354,7 +326,7 @@ class ServerCodec:
                 PRECONDITION_FAILED,
                 f"message size {p.body_size} is larger than the configured "
                 f"maximum {self.max_message_size}",
-                (60, 40),
+                BASIC_PUBLISH,
                 channel,
             )
         chunks = p.chunks
@@ -380,7 +352,7 @@ class ServerCodec:
 
     def encode_content(self, channel: int, body_size: int, properties: bytes, body: bytes) -> bytes:
         """Content header plus body frames, split at the negotiated frame_max."""
-        header = _CONTENT_HDR.pack(_BASIC_CLASS, 0, body_size) + properties
+        header = _CONTENT_HDR.pack(BASIC_CLASS, 0, body_size) + properties
         parts: list[bytes | memoryview] = [
             _HDR.pack(FRAME_HEADER, channel, len(header)),
             header,
@@ -435,16 +407,15 @@ class ServerCodec:
         return _HEARTBEAT_FRAME
 
 
-_ACK = BY_NAME["basic.ack"]
-
 __all__ = [
     "CHANNEL_ERROR",
     "NEED_DATA",
     "PROTOCOL_HEADER",
     "Event",
     "Heartbeat",
-    "Method",
+    "MethodEvent",
     "ProtocolHeader",
     "Publish",
     "ServerCodec",
+    "UnexpectedMethod",
 ]

@@ -1,179 +1,220 @@
 """The AMQP 0-9-1 method table.
 
-Each method has a name, its argument names and a py-amqp serialization format (``b`` bit,
-``o`` octet, ``B`` short, ``l`` long, ``L`` long long, ``s`` shortstr, ``S``/``x`` longstr as
-text/bytes, ``F`` table). Argument tables are encoded and decoded with
-:mod:`amqp.serialization`; only the four hot methods (publish, deliver, ack, and the content
-header) have hand-written fast paths in :mod:`broker.codec.frames`, checked against this table
-by the tests.
+Each method has its id (a named constant from :mod:`broker.codec.ids`), a name, its argument
+names and a py-amqp serialization format (``b`` bit, ``o`` octet, ``B`` short, ``l`` long, ``L``
+long long, ``s`` shortstr, ``S``/``x`` longstr as text/bytes, ``F`` table). Argument tables are
+encoded and decoded with :mod:`amqp.serialization`; only the four hot methods (publish,
+deliver, ack, and the content header) have hand-written fast paths in
+:mod:`broker.codec.frames`, checked against this table by the tests.
+
+A method a client may send also has its event class (:mod:`broker.codec.events`); the table
+checks at import that the class's fields are the method's arguments, and
+:meth:`MethodSpec.event_of` builds the event from decoded arguments.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from amqp.serialization import dumps, loads
 
+from broker.codec import ids
+from broker.codec.events import CLIENT_METHODS, MethodEvent, UnexpectedMethod
+from broker.codec.ids import MethodId
 from broker.errors import NOT_IMPLEMENTED, SYNTAX_ERROR, ConnectionError_
 
 
 @dataclass(frozen=True, slots=True)
 class MethodSpec:
-    class_id: int
-    method_id: int
+    sig: MethodId
     name: str
     fmt: str
     args: tuple[str, ...]
     #: the method is followed by a content header and body
     content: bool = False
+    #: the event class of a method clients send; None for one only servers send
+    event: type[MethodEvent] | None = None
+    #: leading arguments the event leaves out (the deprecated ``reserved`` ticket)
+    skip: int = 0
 
     @property
-    def sig(self) -> tuple[int, int]:
-        return (self.class_id, self.method_id)
+    def class_id(self) -> int:
+        return self.sig.class_id
+
+    @property
+    def method_id(self) -> int:
+        return self.sig.method_id
+
+    def event_of(self, channel: int, args: tuple[Any, ...]) -> MethodEvent | UnexpectedMethod:
+        """The event for this method with decoded ``args`` (as :func:`decode_args` returns them)."""
+        cls = self.event
+        if cls is None:
+            return UnexpectedMethod(channel, self.sig, self.name, args)
+        return cls(channel, *args[self.skip :])
 
 
-def _m(
-    cid: int, mid: int, name: str, fmt: str, args: str = "", content: bool = False
-) -> MethodSpec:
+_EVENTS: dict[MethodId, type[MethodEvent]] = {cls.ID: cls for cls in CLIENT_METHODS}
+
+
+def _m(sig: MethodId, name: str, fmt: str, args: str = "", content: bool = False) -> MethodSpec:
     names = tuple(args.split()) if args else ()
     if len(names) != len(fmt):
         raise AssertionError(f"{name}: {len(fmt)} fields in format, {len(names)} names")
-    return MethodSpec(cid, mid, name, fmt, names, content)
+    skip = 1 if names[:1] == ("reserved",) else 0
+    event = _EVENTS.get(sig)
+    if event is not None:
+        have = tuple(f.name for f in fields(event))
+        wanted = ("channel", *names[skip:])
+        # a content method's event also carries its content (Publish: size, properties, body)
+        if event.NAME != name or (have[: len(wanted)] if content else have) != wanted:
+            raise AssertionError(f"{name}: {event.__name__} has fields {have}")
+    return MethodSpec(sig, name, fmt, names, content, event, skip)
 
 
 _TABLE = (
     # connection
     _m(
-        10,
-        10,
+        ids.CONNECTION_START,
         "connection.start",
         "ooFSS",
         "version_major version_minor server_properties mechanisms locales",
     ),
-    _m(10, 11, "connection.start_ok", "Fsxs", "client_properties mechanism response locale"),
-    _m(10, 20, "connection.secure", "x", "challenge"),
-    _m(10, 21, "connection.secure_ok", "x", "response"),
-    _m(10, 30, "connection.tune", "BlB", "channel_max frame_max heartbeat"),
-    _m(10, 31, "connection.tune_ok", "BlB", "channel_max frame_max heartbeat"),
-    _m(10, 40, "connection.open", "ssb", "virtual_host capabilities insist"),
-    _m(10, 41, "connection.open_ok", "s", "known_hosts"),
-    _m(10, 50, "connection.close", "BsBB", "reply_code reply_text class_id method_id"),
-    _m(10, 51, "connection.close_ok", ""),
-    _m(10, 60, "connection.blocked", "s", "reason"),
-    _m(10, 61, "connection.unblocked", ""),
-    _m(10, 70, "connection.update_secret", "xs", "new_secret reason"),
-    _m(10, 71, "connection.update_secret_ok", ""),
+    _m(
+        ids.CONNECTION_START_OK,
+        "connection.start_ok",
+        "Fsxs",
+        "client_properties mechanism response locale",
+    ),
+    _m(ids.CONNECTION_SECURE, "connection.secure", "x", "challenge"),
+    _m(ids.CONNECTION_SECURE_OK, "connection.secure_ok", "x", "response"),
+    _m(ids.CONNECTION_TUNE, "connection.tune", "BlB", "channel_max frame_max heartbeat"),
+    _m(ids.CONNECTION_TUNE_OK, "connection.tune_ok", "BlB", "channel_max frame_max heartbeat"),
+    _m(ids.CONNECTION_OPEN, "connection.open", "ssb", "virtual_host capabilities insist"),
+    _m(ids.CONNECTION_OPEN_OK, "connection.open_ok", "s", "known_hosts"),
+    _m(
+        ids.CONNECTION_CLOSE, "connection.close", "BsBB", "reply_code reply_text class_id method_id"
+    ),
+    _m(ids.CONNECTION_CLOSE_OK, "connection.close_ok", ""),
+    _m(ids.CONNECTION_BLOCKED, "connection.blocked", "s", "reason"),
+    _m(ids.CONNECTION_UNBLOCKED, "connection.unblocked", ""),
+    _m(ids.CONNECTION_UPDATE_SECRET, "connection.update_secret", "xs", "new_secret reason"),
+    _m(ids.CONNECTION_UPDATE_SECRET_OK, "connection.update_secret_ok", ""),
     # channel
-    _m(20, 10, "channel.open", "s", "out_of_band"),
-    _m(20, 11, "channel.open_ok", "x", "channel_id"),
-    _m(20, 20, "channel.flow", "b", "active"),
-    _m(20, 21, "channel.flow_ok", "b", "active"),
-    _m(20, 40, "channel.close", "BsBB", "reply_code reply_text class_id method_id"),
-    _m(20, 41, "channel.close_ok", ""),
+    _m(ids.CHANNEL_OPEN, "channel.open", "s", "out_of_band"),
+    _m(ids.CHANNEL_OPEN_OK, "channel.open_ok", "x", "channel_id"),
+    _m(ids.CHANNEL_FLOW, "channel.flow", "b", "active"),
+    _m(ids.CHANNEL_FLOW_OK, "channel.flow_ok", "b", "active"),
+    _m(ids.CHANNEL_CLOSE, "channel.close", "BsBB", "reply_code reply_text class_id method_id"),
+    _m(ids.CHANNEL_CLOSE_OK, "channel.close_ok", ""),
     # exchange
     _m(
-        40,
-        10,
+        ids.EXCHANGE_DECLARE,
         "exchange.declare",
         "BssbbbbbF",
         "reserved exchange type passive durable auto_delete internal nowait arguments",
     ),
-    _m(40, 11, "exchange.declare_ok", ""),
-    _m(40, 20, "exchange.delete", "Bsbb", "reserved exchange if_unused nowait"),
-    _m(40, 21, "exchange.delete_ok", ""),
+    _m(ids.EXCHANGE_DECLARE_OK, "exchange.declare_ok", ""),
+    _m(ids.EXCHANGE_DELETE, "exchange.delete", "Bsbb", "reserved exchange if_unused nowait"),
+    _m(ids.EXCHANGE_DELETE_OK, "exchange.delete_ok", ""),
     _m(
-        40,
-        30,
+        ids.EXCHANGE_BIND,
         "exchange.bind",
         "BsssbF",
         "reserved destination source routing_key nowait arguments",
     ),
-    _m(40, 31, "exchange.bind_ok", ""),
+    _m(ids.EXCHANGE_BIND_OK, "exchange.bind_ok", ""),
     _m(
-        40,
-        40,
+        ids.EXCHANGE_UNBIND,
         "exchange.unbind",
         "BsssbF",
         "reserved destination source routing_key nowait arguments",
     ),
-    _m(40, 51, "exchange.unbind_ok", ""),
+    _m(ids.EXCHANGE_UNBIND_OK, "exchange.unbind_ok", ""),
     # queue
     _m(
-        50,
-        10,
+        ids.QUEUE_DECLARE,
         "queue.declare",
         "BsbbbbbF",
         "reserved queue passive durable exclusive auto_delete nowait arguments",
     ),
-    _m(50, 11, "queue.declare_ok", "sll", "queue message_count consumer_count"),
-    _m(50, 20, "queue.bind", "BsssbF", "reserved queue exchange routing_key nowait arguments"),
-    _m(50, 21, "queue.bind_ok", ""),
-    _m(50, 30, "queue.purge", "Bsb", "reserved queue nowait"),
-    _m(50, 31, "queue.purge_ok", "l", "message_count"),
-    _m(50, 40, "queue.delete", "Bsbbb", "reserved queue if_unused if_empty nowait"),
-    _m(50, 41, "queue.delete_ok", "l", "message_count"),
-    _m(50, 50, "queue.unbind", "BsssF", "reserved queue exchange routing_key arguments"),
-    _m(50, 51, "queue.unbind_ok", ""),
-    # basic
-    _m(60, 10, "basic.qos", "lBb", "prefetch_size prefetch_count global_"),
-    _m(60, 11, "basic.qos_ok", ""),
+    _m(ids.QUEUE_DECLARE_OK, "queue.declare_ok", "sll", "queue message_count consumer_count"),
     _m(
-        60,
-        20,
+        ids.QUEUE_BIND,
+        "queue.bind",
+        "BsssbF",
+        "reserved queue exchange routing_key nowait arguments",
+    ),
+    _m(ids.QUEUE_BIND_OK, "queue.bind_ok", ""),
+    _m(ids.QUEUE_PURGE, "queue.purge", "Bsb", "reserved queue nowait"),
+    _m(ids.QUEUE_PURGE_OK, "queue.purge_ok", "l", "message_count"),
+    _m(ids.QUEUE_DELETE, "queue.delete", "Bsbbb", "reserved queue if_unused if_empty nowait"),
+    _m(ids.QUEUE_DELETE_OK, "queue.delete_ok", "l", "message_count"),
+    _m(ids.QUEUE_UNBIND, "queue.unbind", "BsssF", "reserved queue exchange routing_key arguments"),
+    _m(ids.QUEUE_UNBIND_OK, "queue.unbind_ok", ""),
+    # basic
+    _m(ids.BASIC_QOS, "basic.qos", "lBb", "prefetch_size prefetch_count global_"),
+    _m(ids.BASIC_QOS_OK, "basic.qos_ok", ""),
+    _m(
+        ids.BASIC_CONSUME,
         "basic.consume",
         "BssbbbbF",
         "reserved queue consumer_tag no_local no_ack exclusive nowait arguments",
     ),
-    _m(60, 21, "basic.consume_ok", "s", "consumer_tag"),
-    _m(60, 30, "basic.cancel", "sb", "consumer_tag nowait"),
-    _m(60, 31, "basic.cancel_ok", "s", "consumer_tag"),
+    _m(ids.BASIC_CONSUME_OK, "basic.consume_ok", "s", "consumer_tag"),
+    _m(ids.BASIC_CANCEL, "basic.cancel", "sb", "consumer_tag nowait"),
+    _m(ids.BASIC_CANCEL_OK, "basic.cancel_ok", "s", "consumer_tag"),
     _m(
-        60,
-        40,
+        ids.BASIC_PUBLISH,
         "basic.publish",
         "Bssbb",
         "reserved exchange routing_key mandatory immediate",
         content=True,
     ),
-    _m(60, 50, "basic.return", "Bsss", "reply_code reply_text exchange routing_key", content=True),
     _m(
-        60,
-        60,
+        ids.BASIC_RETURN,
+        "basic.return",
+        "Bsss",
+        "reply_code reply_text exchange routing_key",
+        content=True,
+    ),
+    _m(
+        ids.BASIC_DELIVER,
         "basic.deliver",
         "sLbss",
         "consumer_tag delivery_tag redelivered exchange routing_key",
         content=True,
     ),
-    _m(60, 70, "basic.get", "Bsb", "reserved queue no_ack"),
+    _m(ids.BASIC_GET, "basic.get", "Bsb", "reserved queue no_ack"),
     _m(
-        60,
-        71,
+        ids.BASIC_GET_OK,
         "basic.get_ok",
         "Lbssl",
         "delivery_tag redelivered exchange routing_key message_count",
         content=True,
     ),
-    _m(60, 72, "basic.get_empty", "s", "cluster_id"),
-    _m(60, 80, "basic.ack", "Lb", "delivery_tag multiple"),
-    _m(60, 90, "basic.reject", "Lb", "delivery_tag requeue"),
-    _m(60, 100, "basic.recover_async", "b", "requeue"),
-    _m(60, 110, "basic.recover", "b", "requeue"),
-    _m(60, 111, "basic.recover_ok", ""),
-    _m(60, 120, "basic.nack", "Lbb", "delivery_tag multiple requeue"),
+    _m(ids.BASIC_GET_EMPTY, "basic.get_empty", "s", "cluster_id"),
+    _m(ids.BASIC_ACK, "basic.ack", "Lb", "delivery_tag multiple"),
+    _m(ids.BASIC_REJECT, "basic.reject", "Lb", "delivery_tag requeue"),
+    _m(ids.BASIC_RECOVER_ASYNC, "basic.recover_async", "b", "requeue"),
+    _m(ids.BASIC_RECOVER, "basic.recover", "b", "requeue"),
+    _m(ids.BASIC_RECOVER_OK, "basic.recover_ok", ""),
+    _m(ids.BASIC_NACK, "basic.nack", "Lbb", "delivery_tag multiple requeue"),
     # confirm
-    _m(85, 10, "confirm.select", "b", "nowait"),
-    _m(85, 11, "confirm.select_ok", ""),
+    _m(ids.CONFIRM_SELECT, "confirm.select", "b", "nowait"),
+    _m(ids.CONFIRM_SELECT_OK, "confirm.select_ok", ""),
     # tx
-    _m(90, 10, "tx.select", ""),
-    _m(90, 11, "tx.select_ok", ""),
-    _m(90, 20, "tx.commit", ""),
-    _m(90, 21, "tx.commit_ok", ""),
-    _m(90, 30, "tx.rollback", ""),
-    _m(90, 31, "tx.rollback_ok", ""),
+    _m(ids.TX_SELECT, "tx.select", ""),
+    _m(ids.TX_SELECT_OK, "tx.select_ok", ""),
+    _m(ids.TX_COMMIT, "tx.commit", ""),
+    _m(ids.TX_COMMIT_OK, "tx.commit_ok", ""),
+    _m(ids.TX_ROLLBACK, "tx.rollback", ""),
+    _m(ids.TX_ROLLBACK_OK, "tx.rollback_ok", ""),
 )
 
 METHODS: dict[tuple[int, int], MethodSpec] = {m.sig: m for m in _TABLE}
+if set(_EVENTS) - set(METHODS):
+    raise AssertionError(f"event classes for unknown methods: {set(_EVENTS) - set(METHODS)}")
 BY_NAME: dict[str, MethodSpec] = {m.name: m for m in _TABLE}
 CLASS_IDS = frozenset(m.class_id for m in _TABLE)
 
@@ -187,10 +228,12 @@ def lookup(class_id: int, method_id: int) -> MethodSpec:
             raise ConnectionError_(
                 NOT_IMPLEMENTED,
                 f"unknown method {method_id} of class {class_id}",
-                (class_id, method_id),
+                MethodId(class_id, method_id),
             ) from None
         raise ConnectionError_(
-            NOT_IMPLEMENTED, f"unknown class {class_id} (method {method_id})", (class_id, method_id)
+            NOT_IMPLEMENTED,
+            f"unknown class {class_id} (method {method_id})",
+            MethodId(class_id, method_id),
         ) from None
 
 

@@ -28,12 +28,12 @@ from rawclient import (
     raw_method_frame,
 )
 
+from broker.codec.events import BasicAck, BasicQos, ConnectionTuneOk, QueueDeclare
 from broker.codec.frames import (
     FRAME_MIN_SIZE,
     NEED_DATA,
     PROTOCOL_HEADER,
     Heartbeat,
-    Method,
     ProtocolHeader,
     Publish,
     ServerCodec,
@@ -100,8 +100,7 @@ def test_protocol_header_in_pieces_then_frames_in_the_same_chunk() -> None:
     tail = method_frame(0, "connection.tune_ok", 2047, 131072, 60)
     evs = feed(codec, b"\x01" + tail)
     assert evs[0] == ProtocolHeader(True, PROTOCOL_HEADER)
-    assert isinstance(evs[1], Method) and evs[1].name == "connection.tune_ok"
-    assert evs[1].args == (2047, 131072, 60)
+    assert evs[1] == ConnectionTuneOk(0, 2047, 131072, 60)
 
 
 @pytest.mark.parametrize(
@@ -146,10 +145,10 @@ def test_method_frame_from_py_amqp_client() -> None:
     wire.write(method_frame(1, "basic.qos", 0, 10, False))  # py-amqp would wait for qos-ok
     codec = greeted()
     evs = feed(codec, wire.take())
-    assert [e.name for e in evs] == ["queue.declare", "basic.qos"]
-    assert evs[0].channel == 1
-    assert evs[0].args == (0, "q", False, True, False, True, True, {"x-max-length": 5})
-    assert evs[1].args == (0, 10, False)
+    assert evs == [
+        QueueDeclare(1, "q", False, True, False, True, True, {"x-max-length": 5}),
+        BasicQos(1, 0, 10, False),
+    ]
 
 
 def test_heartbeat_frame() -> None:
@@ -223,9 +222,9 @@ def test_ack_fast_path_agrees_with_the_table() -> None:
             assert len(payload) == 13
             codec = greeted()
             (ev,) = feed(codec, frame(1, 7, payload))
-            assert ev == Method(7, spec, decode_args(spec, payload))
-            assert ev.args == (tag, multiple)
-            assert type(ev.args[1]) is bool
+            assert ev == spec.event_of(7, decode_args(spec, payload))
+            assert ev == BasicAck(7, tag, multiple)
+            assert type(ev.multiple) is bool
 
 
 def test_ack_with_other_bits_set_matches_the_table() -> None:
@@ -233,7 +232,7 @@ def test_ack_with_other_bits_set_matches_the_table() -> None:
     for bits in (0x02, 0x03, 0xFE, 0xFF):
         payload = encode_args(spec, (5, False))[:-1] + bytes([bits])
         (ev,) = feed(greeted(), frame(1, 1, payload))
-        assert ev.args == decode_args(spec, payload)
+        assert ev == spec.event_of(1, decode_args(spec, payload))
 
 
 def test_encode_deliver_agrees_with_the_table() -> None:
@@ -347,7 +346,7 @@ def test_interleaved_channels() -> None:
     )
     evs = feed(codec, data)
     assert evs == [
-        Method(3, BY_NAME["basic.ack"], (9, False)),
+        BasicAck(3, 9, False),
         Publish(1, "ex1", "k1", False, False, len(a), properties_bytes(content_type="a"), a),
         Heartbeat(0),
         Publish(2, "ex2", "k2", True, False, len(b), b"\x00\x00", b),
@@ -363,7 +362,7 @@ def test_zero_length_body_completes_on_the_header() -> None:
     )
     evs = feed(codec, data)
     assert evs[0] == Publish(1, "", "q", False, False, 0, b"\x00\x00", b"")
-    assert evs[1].name == "basic.ack"
+    assert evs[1].NAME == "basic.ack"
 
 
 def test_py_amqp_empty_body() -> None:
@@ -460,7 +459,7 @@ def test_frame_max_before_tune_is_the_offer() -> None:
         1, "queue.declare", 0, "q" * 200, False, False, False, False, False, {"k": "v" * 7000}
     )
     assert len(ok) <= 8192
-    assert feed(codec, ok)[0].name == "queue.declare"
+    assert feed(codec, ok)[0].NAME == "queue.declare"
     too_big = method_frame(
         1, "queue.declare", 0, "q", False, False, False, False, False, {"k": "v" * 9000}
     )
@@ -668,7 +667,7 @@ def test_server_only_content_methods_are_503(name: str, args: tuple[Any, ...]) -
 def test_events_before_an_error_come_out_first() -> None:
     codec = greeted()
     codec.receive_data(method_frame(1, "basic.ack", 1, False) + frame(9, 0, b""))
-    assert codec.next_event().name == "basic.ack"
+    assert codec.next_event().NAME == "basic.ack"
     with pytest.raises(ConnectionError_):
         codec.next_event()
 
@@ -688,7 +687,7 @@ def test_oversize_message_is_a_406_channel_error_and_the_codec_keeps_working() -
         + ok
     )
     codec.receive_data(data)
-    assert codec.next_event().name == "basic.ack"
+    assert codec.next_event().NAME == "basic.ack"
     with pytest.raises(ChannelError) as info:
         codec.next_event()
     err = info.value
@@ -709,7 +708,7 @@ def test_oversize_message_with_no_body_frames_yet() -> None:
     )
     assert codec.next_event() is NEED_DATA
     codec.discard_channel(1)  # channel closed meanwhile: the partial content is forgotten
-    assert feed(codec, method_frame(1, "channel.close_ok"))[0].name == "channel.close_ok"
+    assert feed(codec, method_frame(1, "channel.close_ok"))[0].NAME == "channel.close_ok"
 
 
 # ------------------------------------------------------------------ output
@@ -776,4 +775,4 @@ def test_a_channel_closed_by_the_broker_mid_publish_drops_the_rest_quietly() -> 
     assert feed(codec, head + body_frame(1, body[:4000])) == []
     codec.discard_channel(1)
     assert feed(codec, body_frame(1, body[4000:8000]) + body_frame(1, body[8000:])) == []
-    assert feed(codec, method_frame(1, "channel.close_ok"))[0].name == "channel.close_ok"
+    assert feed(codec, method_frame(1, "channel.close_ok"))[0].NAME == "channel.close_ok"

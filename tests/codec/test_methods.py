@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from rawclient import method_frame, py_amqp_channel
 
-from broker.codec.frames import NEED_DATA, PROTOCOL_HEADER, Method, ServerCodec
+from broker.codec import events
+from broker.codec.events import UnexpectedMethod
+from broker.codec.frames import NEED_DATA, PROTOCOL_HEADER, ServerCodec
 from broker.codec.methods import BY_NAME, METHODS, decode_args, encode_args, lookup
 from broker.errors import ConnectionError_
 
@@ -118,7 +120,12 @@ def test_every_client_method_through_the_codec(spec: Any) -> None:
     if spec.name == "basic.publish":
         assert ev is NEED_DATA  # waits for its content header
         return
-    assert ev == Method(3, spec, args)
+    assert ev == spec.event_of(3, args)
+    if spec.event is None:
+        assert ev == UnexpectedMethod(3, spec.sig, spec.name, args)
+    else:
+        assert type(ev) is spec.event
+        assert tuple(getattr(ev, f) for f in spec.args[spec.skip :]) == args[spec.skip :]
 
 
 @pytest.mark.parametrize("spec", [m for m in ALL if m.fmt], ids=lambda m: m.name)
@@ -306,28 +313,25 @@ def test_py_amqp_client_calls_decode_as_sent() -> None:
     while (ev := codec.next_event()) is not NEED_DATA:
         evs.append(ev)
     assert not codec.buffered()
-    got = [(getattr(e, "name", type(e).__name__), getattr(e, "args", None)) for e in evs[1:]]
-    assert got[:-1] == [
-        (
-            "exchange.declare",
-            (0, "ex", "topic", False, True, False, False, True, {"alternate-exchange": "ae"}),
+    assert evs[1:-1] == [
+        events.ExchangeDeclare(
+            9, "ex", "topic", False, True, False, False, True, {"alternate-exchange": "ae"}
         ),
-        ("exchange.bind", (0, "dst", "src", "a.#", True, {})),
-        ("exchange.unbind", (0, "dst", "src", "a.#", True, {})),
-        ("exchange.delete", (0, "ex", True, True)),
-        ("queue.declare", (0, "q", False, True, False, False, True, {"x-queue-type": "quorum"})),
-        ("queue.bind", (0, "q", "ex", "k", True, {})),
-        ("queue.purge", (0, "q", True)),
-        ("queue.delete", (0, "q", True, True, True)),
-        ("basic.consume", (0, "q", "ct", False, True, True, True, {"x-priority": 3})),
-        ("basic.cancel", ("ct", True)),
-        ("basic.ack", (42, True)),
-        ("basic.reject", (43, False)),
-        ("basic.nack", (44, True, True)),
-        ("basic.recover_async", (True,)),
-        ("confirm.select", (True,)),
+        events.ExchangeBind(9, "dst", "src", "a.#", True, {}),
+        events.ExchangeUnbind(9, "dst", "src", "a.#", True, {}),
+        events.ExchangeDelete(9, "ex", True, True),
+        events.QueueDeclare(9, "q", False, True, False, False, True, {"x-queue-type": "quorum"}),
+        events.QueueBind(9, "q", "ex", "k", True, {}),
+        events.QueuePurge(9, "q", True),
+        events.QueueDelete(9, "q", True, True, True),
+        events.BasicConsume(9, "q", "ct", False, True, True, True, {"x-priority": 3}),
+        events.BasicCancel(9, "ct", True),
+        events.BasicAck(9, 42, True),
+        events.BasicReject(9, 43, False),
+        events.BasicNack(9, 44, True, True),
+        events.BasicRecoverAsync(9, True),
+        events.ConfirmSelect(9, True),
     ]
-    assert all(e.channel == 9 for e in evs[1:])
     pub = evs[-1]
     assert (pub.exchange, pub.routing_key, pub.body) == ("ex", "k", b"body")
 
@@ -350,3 +354,53 @@ def test_deeply_nested_tables_are_refused_not_crashed() -> None:
     with pytest.raises(ConnectionError_) as info:
         decode_args(spec, payload)
     assert info.value.code == 502
+
+
+# ------------------------------------------------------------------ ids and typed events
+
+
+def test_every_method_has_its_named_id_and_no_id_is_spare() -> None:
+    from broker.codec import ids
+
+    for spec in ALL:
+        assert getattr(ids, spec.name.upper().replace(".", "_")) == spec.sig
+        assert isinstance(spec.sig, ids.MethodId)
+        assert (spec.class_id, spec.method_id) == spec.sig
+    named = {v for k, v in vars(ids).items() if isinstance(v, ids.MethodId) and k != "NO_METHOD"}
+    assert named == set(METHODS)
+
+
+def test_client_events_match_the_table() -> None:
+    import dataclasses
+
+    assert len({cls.ID for cls in events.CLIENT_METHODS}) == len(events.CLIENT_METHODS)
+    for cls in events.CLIENT_METHODS:
+        spec = METHODS[cls.ID]
+        assert spec.event is cls and spec.name == cls.NAME
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        assert names[0] == "channel"
+        if spec.content:
+            assert names[1 : 1 + len(spec.args) - spec.skip] == spec.args[spec.skip :]
+        else:
+            assert names[1:] == spec.args[spec.skip :]
+    # server-only methods have no class; basic.publish is the only client content method
+    assert {m.name for m in ALL if m.event is not None and m.content} == {"basic.publish"}
+    assert METHODS[(50, 11)].event is None
+
+
+def test_events_are_frozen_and_slotted() -> None:
+    import dataclasses
+
+    e = events.QueueBind(1, "q", "ex", "k", False, {})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.queue = "other"  # type: ignore[misc]
+    assert not hasattr(e, "__dict__")
+    assert e == events.QueueBind(1, "q", "ex", "k", False, {})
+    assert e.ID == (50, 20) and e.NAME == "queue.bind"
+
+
+def test_a_server_only_method_from_a_client_decodes_as_unexpected() -> None:
+    codec = ServerCodec()
+    codec.receive_data(PROTOCOL_HEADER + method_frame(2, "queue.declare_ok", "q", 3, 1))
+    codec.next_event()
+    assert codec.next_event() == UnexpectedMethod(2, (50, 11), "queue.declare_ok", ("q", 3, 1))
