@@ -284,4 +284,5 @@ def encode_args(spec: MethodSpec, args: tuple[Any, ...] | list[Any]) -> bytes:
     head = spec.class_id.to_bytes(2, "big") + spec.method_id.to_bytes(2, "big")
     if not spec.fmt:
         return head
-    return head + dumps(spec.fmt, list(args))
+    body: bytes = dumps(spec.fmt, list(args))
+    return head + body
