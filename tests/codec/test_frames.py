@@ -227,6 +227,23 @@ def test_ack_fast_path_agrees_with_the_table() -> None:
             assert type(ev.multiple) is bool
 
 
+def test_hot_events_built_slot_by_slot_equal_the_dataclass_constructor() -> None:
+    import dataclasses
+
+    from broker.codec.frames import _ack_event, _publish_event
+
+    args = (3, "ex", "rk", True, False, 5, b"\x00\x00", b"hello")
+    fast, slow = _publish_event(*args), Publish(*args)
+    assert type(fast) is Publish
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert dataclasses.astuple(fast) == args
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.body = b""  # type: ignore[misc]
+    ack = _ack_event(7, 2**64 - 1, True)
+    assert type(ack) is BasicAck and ack == BasicAck(7, 2**64 - 1, True)
+    assert repr(ack) == repr(BasicAck(7, 2**64 - 1, True))
+
+
 def test_ack_with_other_bits_set_matches_the_table() -> None:
     spec = BY_NAME["basic.ack"]
     for bits in (0x02, 0x03, 0xFE, 0xFF):
