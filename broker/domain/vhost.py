@@ -7,6 +7,14 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from broker.codec.ids import (
+    EXCHANGE_DECLARE,
+    EXCHANGE_DELETE,
+    QUEUE_BIND,
+    QUEUE_DECLARE,
+    QUEUE_DELETE,
+    QUEUE_UNBIND,
+)
 from broker.domain.exchange import (
     DELAYED_TYPE,
     EXCHANGE_TYPES,
@@ -53,7 +61,7 @@ def _int_arg(name: str, value: Any, *, minimum: int = 0, maximum: int | None = N
         raise ChannelError(
             PRECONDITION_FAILED,
             f"invalid arg '{name}' for queue: {value!r} is not an integer",
-            (50, 10),
+            QUEUE_DECLARE,
         )
     if value < minimum or (maximum is not None and value > maximum):
         hi = f" and {maximum}" if maximum is not None else ""
@@ -62,7 +70,7 @@ def _int_arg(name: str, value: Any, *, minimum: int = 0, maximum: int | None = N
             f"invalid arg '{name}' for queue: {value} is not between {minimum}{hi}"
             if maximum is not None
             else f"invalid arg '{name}' for queue: {value} is below {minimum}",
-            (50, 10),
+            QUEUE_DECLARE,
         )
     return value
 
@@ -88,7 +96,7 @@ def queue_options(args: dict[str, Any]) -> dict[str, Any]:
                 PRECONDITION_FAILED,
                 f"invalid arg 'x-overflow' for queue: {ov!r} is not drop-head, "
                 "reject-publish or reject-publish-dlx",
-                (50, 10),
+                QUEUE_DECLARE,
             )
         opts["overflow"] = ov
     if "x-max-priority" in args:
@@ -99,7 +107,7 @@ def queue_options(args: dict[str, Any]) -> dict[str, Any]:
             raise ChannelError(
                 PRECONDITION_FAILED,
                 "invalid arg 'x-dead-letter-exchange' for queue: not a string",
-                (50, 10),
+                QUEUE_DECLARE,
             )
         opts["dlx"] = dlx
     if "x-dead-letter-routing-key" in args:
@@ -108,14 +116,14 @@ def queue_options(args: dict[str, Any]) -> dict[str, Any]:
             raise ChannelError(
                 PRECONDITION_FAILED,
                 "invalid arg 'x-dead-letter-routing-key' for queue: not a string",
-                (50, 10),
+                QUEUE_DECLARE,
             )
         if "x-dead-letter-exchange" not in args:
             raise ChannelError(
                 PRECONDITION_FAILED,
                 "invalid arg 'x-dead-letter-routing-key' for queue: it needs "
                 "x-dead-letter-exchange",
-                (50, 10),
+                QUEUE_DECLARE,
             )
         opts["dlx_routing_key"] = rk
     stype = args.get("x-subscription-type")
@@ -125,7 +133,7 @@ def queue_options(args: dict[str, Any]) -> dict[str, Any]:
                 PRECONDITION_FAILED,
                 f"invalid arg 'x-subscription-type' for queue: {stype!r} is not "
                 f"one of {', '.join(SUBSCRIPTION_TYPES)}",
-                (50, 10),
+                QUEUE_DECLARE,
             )
         opts["subscription_type"] = stype
     sac = args.get("x-single-active-consumer")
@@ -134,14 +142,14 @@ def queue_options(args: dict[str, Any]) -> dict[str, Any]:
             raise ChannelError(
                 PRECONDITION_FAILED,
                 "invalid arg 'x-single-active-consumer' for queue: not a boolean",
-                (50, 10),
+                QUEUE_DECLARE,
             )
         if sac:
             if stype not in (None, FAILOVER):
                 raise ChannelError(
                     PRECONDITION_FAILED,
                     f"x-single-active-consumer conflicts with x-subscription-type {stype!r}",
-                    (50, 10),
+                    QUEUE_DECLARE,
                 )
             opts["subscription_type"] = FAILOVER
     if "x-delivery-limit" in args:
@@ -152,7 +160,7 @@ def queue_options(args: dict[str, Any]) -> dict[str, Any]:
             raise ChannelError(
                 PRECONDITION_FAILED,
                 "invalid arg 'x-retry-target' for queue: not a queue name",
-                (50, 10),
+                QUEUE_DECLARE,
             )
         opts["retry_target"] = target
     if "x-retry-levels" in args:
@@ -165,7 +173,7 @@ def queue_options(args: dict[str, Any]) -> dict[str, Any]:
             raise ChannelError(
                 PRECONDITION_FAILED,
                 "invalid arg 'x-retry-levels' for queue: a list of delays in ms",
-                (50, 10),
+                QUEUE_DECLARE,
             )
         opts["retry_levels"] = tuple(x / 1000.0 for x in levels)
     qtype = args.get("x-queue-type")
@@ -173,7 +181,7 @@ def queue_options(args: dict[str, Any]) -> dict[str, Any]:
         raise ChannelError(
             PRECONDITION_FAILED,
             f"invalid arg 'x-queue-type' for queue: {qtype!r} is not classic or quorum",
-            (50, 10),
+            QUEUE_DECLARE,
         )
     return opts
 
@@ -234,7 +242,7 @@ class VirtualHost:
         arguments: dict[str, Any] | None = None,
     ) -> Exchange:
         arguments = arguments or {}
-        sig = (40, 10)
+        sig = EXCHANGE_DECLARE
         ex = self.exchanges.get(name)
         if passive:
             if ex is None or name == "":
@@ -300,7 +308,7 @@ class VirtualHost:
         return ex
 
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
-        sig = (40, 20)
+        sig = EXCHANGE_DELETE
         if name == "" or name.startswith("amq."):
             raise ChannelError(ACCESS_REFUSED, f"exchange '{name}' cannot be deleted", sig)
         ex = self.get_exchange(name, sig)
@@ -332,7 +340,7 @@ class VirtualHost:
         subscription_type: str | None = None,
     ) -> tuple[Queue, bool]:
         """Declare (or find) a queue; returns ``(queue, created)``."""
-        sig = (50, 10)
+        sig = QUEUE_DECLARE
         arguments = arguments or {}
         q = self.queues.get(name) if name else None
         if passive:
@@ -439,7 +447,7 @@ class VirtualHost:
         ``reason`` is the code plugins see (``client``, ``auto-delete``, ``expired``,
         ``exclusive-owner-closed``, ``policy:<name>``); ``detail`` goes to the log line.
         """
-        sig = (50, 40)
+        sig = QUEUE_DELETE
         if if_unused and q.consumers:
             raise ChannelError(
                 PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' in use", sig
@@ -482,7 +490,7 @@ class VirtualHost:
     ) -> None:
         if source is self.default_exchange:
             raise ChannelError(
-                ACCESS_REFUSED, "operation not permitted on the default exchange", (50, 20)
+                ACCESS_REFUSED, "operation not permitted on the default exchange", QUEUE_BIND
             )
         b = Binding(source, dest, routing_key, arguments)
         if not source.bind(b):
@@ -504,7 +512,7 @@ class VirtualHost:
     ) -> None:
         if source is self.default_exchange:
             raise ChannelError(
-                ACCESS_REFUSED, "operation not permitted on the default exchange", (50, 50)
+                ACCESS_REFUSED, "operation not permitted on the default exchange", QUEUE_UNBIND
             )
         b = source.unbind(dest, routing_key, arguments)
         if b is not None:
