@@ -161,8 +161,8 @@ def _flag(options: Mapping[str, str], name: str) -> bool:
 
 @hookimpl(trylast=True)
 def broker_register(registry: Registrar) -> None:
-    registry.register_policy("Delete", delete_policy)
-    registry.register_policy("Log", log_policy)
+    registry.register_policy(slow_consumer_config.DELETE, delete_policy)
+    registry.register_policy(slow_consumer_config.LOG, log_policy)
     registry.register_policy_job(JOB_NAME, evaluate, section=SECTION)
 
 

@@ -17,6 +17,8 @@ from broker.config.model import XML_FALSE, XML_TRUE
 from broker.config.units import format_duration, format_size
 
 __all__ = [
+    "DELETE",
+    "LOG",
     "POLICIES",
     "POLICY_OPTIONS",
     "SECTION",
@@ -29,7 +31,9 @@ __all__ = [
 #: the element this plugin reads; policies find it as ``QueueView.policy["consumer"]``
 SECTION = "consumer"
 #: the policies this plugin implements (Qpid design); the XML may write them in any case
-POLICIES: tuple[str, ...] = ("Delete", "Log")
+DELETE = "Delete"
+LOG = "Log"
+POLICIES: tuple[str, ...] = (DELETE, LOG)
 #: the options the built-in policies understand
 POLICY_OPTIONS: frozenset[str] = frozenset({"delete-persistent"})
 
