@@ -26,7 +26,9 @@ from broker.config import (
     load_config,
     load_default,
 )
+from broker.core.recovery import recover
 from broker.server import Server
+from broker.store import Store
 
 log = logging.getLogger("broker")
 
@@ -148,8 +150,8 @@ async def start_broker(
     plugins.verify_policies(config)
     store = open_store(config)
     b = Broker(config, clock=clock, hooks=plugins, store=store)
-    if hasattr(store, "recover"):
-        store.recover(b)
+    store.attach(b.clock, b.set_alarm)
+    recover(store, b.vhosts, clock=b.clock, ids=b.ids)
     server = Server(b, host or config.listen_host, port if port is not None else config.listen_port)
     await server.start()
     running = Running(b, server, config, plugins, extras={"config_registry": registry})
@@ -196,7 +198,7 @@ def period_for(config: BrokerConfig, key: str) -> float | None:
     return min(found) if found else None
 
 
-def open_store(config: BrokerConfig) -> Any:
+def open_store(config: BrokerConfig) -> Store:
     """The durable store named by ``<store path>`` (nothing durable without one)."""
     from broker.store import MemoryStore
 

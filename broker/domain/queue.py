@@ -9,12 +9,13 @@ number of acks since it was declared.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from broker.domain import fate
 from broker.domain.message import Message
+from broker.domain.ready import FifoReady, PriorityReady, ReadyList
 from broker.retry import MAX_DELAY
 
 # defined in broker.subscription (policies read them too); re-exported for the core's modules
@@ -128,90 +129,6 @@ class Consumer:
         return f"<Consumer {self.tag!r} on {self.queue.name!r} unacked={self.unacked}>"
 
 
-class _Ready(deque):  # type: ignore[type-arg]
-    """FIFO of ready messages: a deque, so ``len``, ``append`` and ``popleft`` stay in C."""
-
-    __slots__ = ()
-
-    def peek(self) -> Message | None:
-        return self[0] if self else None
-
-    def requeue(self, msgs: list[Message]) -> None:
-        """Put messages back at the front, oldest first."""
-        for m in sorted(msgs, key=lambda m: m.id, reverse=True):
-            self.appendleft(m)
-
-    def put_front(self, msgs: list[Message]) -> None:
-        """Put messages back at the front in the order given."""
-        self.extendleft(reversed(msgs))
-
-    def drain(self) -> list[Message]:
-        out = list(self)
-        self.clear()
-        return out
-
-
-class _PriorityReady:
-    """Ready messages by priority (``x-max-priority``): highest first, FIFO within a level."""
-
-    __slots__ = ("_levels", "_max", "_n")
-
-    def __init__(self, max_priority: int) -> None:
-        self._max = max_priority
-        self._levels: list[deque[Message]] = [deque() for _ in range(max_priority + 1)]
-        self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    def _level(self, m: Message) -> deque[Message]:
-        return self._levels[min(m.priority, self._max)]
-
-    def append(self, m: Message) -> None:
-        self._level(m).append(m)
-        self._n += 1
-
-    def popleft(self) -> Message:
-        for level in reversed(self._levels):
-            if level:
-                self._n -= 1
-                return level.popleft()
-        raise IndexError("pop from an empty queue")
-
-    def peek(self) -> Message | None:
-        for level in reversed(self._levels):
-            if level:
-                return level[0]
-        return None
-
-    def requeue(self, msgs: list[Message]) -> None:
-        for m in sorted(msgs, key=lambda m: m.id, reverse=True):
-            self._level(m).appendleft(m)
-            self._n += 1
-
-    def put_front(self, msgs: list[Message]) -> None:
-        for m in reversed(msgs):
-            self._level(m).appendleft(m)
-            self._n += 1
-
-    def drain(self) -> list[Message]:
-        out = [m for level in reversed(self._levels) for m in level]
-        for level in self._levels:
-            level.clear()
-        self._n = 0
-        return out
-
-    def __iter__(self) -> Iterator[Message]:
-        return (m for level in reversed(self._levels) for m in level)
-
-    def __bool__(self) -> bool:
-        return self._n > 0
-
-    def remove(self, m: Message) -> None:
-        self._level(m).remove(m)
-        self._n -= 1
-
-
 class Queue:
     def __init__(
         self,
@@ -243,7 +160,7 @@ class Queue:
         self.arguments = arguments or {}
         self.subscription_type = subscription_type
         self.max_priority = max_priority
-        self.ready: Any = _PriorityReady(max_priority) if max_priority else _Ready()
+        self.ready: ReadyList = PriorityReady(max_priority) if max_priority else FifoReady()
         #: every message the queue holds, oldest first (ready, unacked and delayed)
         self.held: OrderedDict[int, Message] = OrderedDict()
         self.bytes = 0
@@ -764,6 +681,49 @@ class Queue:
 
     def iter_consumers(self) -> Iterable[Consumer]:
         return tuple(self.consumers)
+
+    # ----------------------------------------------------------------- paging
+    #
+    # A store may keep the bodies of messages deep in a long queue on disk only (the body is
+    # None in memory). The queue says whether that is allowed, and takes the store's list.
+
+    @property
+    def pageable(self) -> bool:
+        """Whether ready messages may wait without their body in memory: no feature of this
+        queue needs a body before dispatch (priorities and length limits look at the ready
+        list, expiry dead-letters from it, a plugin's consumer choice sees each message)."""
+        if self.max_priority or self.max_length is not None or self.max_length_bytes is not None:
+            return False
+        if self.message_ttl is not None:
+            return False  # expiry from the ready list dead-letters (x-dead-letter-exchange or
+            # a plugin's target), which needs the body; a TTL also keeps such queues short
+        return self.vhost.hooks.select_consumer is None
+
+    def set_ready_list(self, ready: ReadyList) -> None:
+        """Keep ready messages in ``ready`` from now on (a store's paging list). Only while
+        the queue has no ready message, so nothing is lost or reordered."""
+        if len(self.ready):
+            raise ValueError(f"queue '{self.name}' has ready messages; its list stays")
+        self.ready = ready
+
+    def drop_unreadable(self, msg: Message) -> bool:
+        """The store cannot read back the body of ``msg``, a ready message of this queue: it
+        is dropped. False when the queue no longer holds it (nothing to do)."""
+        if self.deleted or msg.id not in self.held:
+            return False
+        try:
+            self.ready.remove(msg)
+        except ValueError:
+            pass
+        else:
+            self.ready_bytes -= msg.body_size
+        self._forget(msg)
+        return True
+
+    def wake(self) -> None:
+        """Bodies the ready list waited for are in memory: dispatch at the end of the turn."""
+        if not self.deleted:
+            self.vhost.mark_dirty(self)
 
     def __repr__(self) -> str:
         return f"<Queue {self.vhost.name}/{self.name} held={len(self.held)}>"

@@ -406,6 +406,10 @@ class VirtualHost:
         self.queues[name] = q
         if durable and self.store.durable:
             self.store.save_queue(q)
+            if q.pageable:
+                paged = self.store.paged_ready(q)
+                if paged is not None:
+                    q.set_ready_list(paged)
         # every queue is bound to the default exchange by its name (implicitly)
         if self.on_topology_change is not None:
             self.on_topology_change(q)

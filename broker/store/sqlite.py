@@ -15,10 +15,16 @@ message inside one batch cancel out without touching the disk), commits, then ru
 ``after_durable`` callbacks of that batch on the loop (``call_soon_threadsafe``): that is when
 publisher confirms go out.
 
-Paging. Bodies of messages deep in a long ready queue are dropped from memory once on disk
-(:class:`PagedReady`); the writer reads them back in batches ahead of dispatch. A queue whose
-head body is not in memory reports itself empty to the dispatcher until the read completes,
-so the loop never waits for the disk.
+Paging. Bodies of messages deep in a long ready queue are dropped from memory once on disk;
+the writer reads them back in batches ahead of dispatch. The queue keeps its ready messages in a
+:class:`PagedReady` (a :class:`broker.domain.ready.ReadyList` this store provides through
+:meth:`SQLiteStore.paged_ready`), which reports itself empty to the dispatcher while its head's
+body is not in memory, until the read completes: the loop never waits for the disk.
+
+Recovery. The store reads rows into records (:mod:`broker.store.base`); the core rebuilds the
+domain from them (:mod:`broker.core.recovery`). A queue's row id stays inside the store: a map from
+``(vhost, queue name)`` to it, and one from the live :class:`Queue` object to it for the calls
+the domain makes per message.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,13 +46,21 @@ from amqp.serialization import dumps as _amqp_dumps
 from amqp.serialization import loads as _amqp_loads
 
 from broker.config import ConfigError
-from broker.domain.queue import _Ready
+from broker.domain.message import Message
+from broker.store.base import (
+    BindingRecord,
+    DelayedRecord,
+    ExchangeRecord,
+    MessageRecord,
+    QueueRecord,
+    StoredTopology,
+)
 
 if TYPE_CHECKING:
     import asyncio
 
+    from broker.clock import Clock
     from broker.domain.exchange import Exchange
-    from broker.domain.message import Message
     from broker.domain.queue import Queue
 
 log = logging.getLogger("broker.store")
@@ -116,7 +131,8 @@ class StoreError(ConfigError):
 
 
 def _table(args: dict[str, Any]) -> bytes:
-    return _amqp_dumps("F", [args or {}])
+    raw: bytes = _amqp_dumps("F", [args or {}])
+    return raw
 
 
 def _untable(raw: bytes) -> dict[str, Any]:
@@ -131,21 +147,26 @@ def _args_key(args: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------- paging
 
 
-class PagedReady(_Ready):
-    """The ready FIFO of a durable queue, whose messages deep in the queue may have no body
-    in memory (``msg.body is None``: it is on disk).
+class PagedReady(deque[Message]):
+    """The ready list (:class:`broker.domain.ready.ReadyList`) of a durable queue, whose
+    messages deep in the queue may have no body in memory (``msg.body is None``: it is on
+    disk).
 
     ``bool(ready)`` is False while the head has no body: the dispatcher and basic.get see an
     empty queue for the few milliseconds the writer takes to read the next bodies, and the
     loop never waits. ``len(ready)`` stays the true count, so figures are unaffected.
+    A deque, like the domain's :class:`broker.domain.ready.FifoReady`: ``len`` and ``append``
+    stay in C.
     """
 
-    __slots__ = ("_since", "loading", "paged", "queue", "store")
+    __slots__ = ("_since", "loading", "paged", "qid", "queue", "store")
 
-    def __init__(self, store: SQLiteStore, queue: Queue) -> None:
+    def __init__(self, store: SQLiteStore, queue: Queue, qid: int) -> None:
         super().__init__()
         self.store = store
         self.queue = queue
+        #: the queue's row id in the store
+        self.qid = qid
         #: roughly how many messages have no body in memory (a hint for read-ahead)
         self.paged = 0
         self.loading = False
@@ -171,6 +192,13 @@ class PagedReady(_Ready):
     def peek(self) -> Message | None:
         return self[0] if len(self) else None
 
+    def requeue(self, msgs: list[Message]) -> None:
+        for m in sorted(msgs, key=lambda m: m.id, reverse=True):
+            self.appendleft(m)
+
+    def put_front(self, msgs: list[Message]) -> None:
+        self.extendleft(reversed(msgs))
+
     def drain(self) -> list[Message]:
         self.paged = 0
         out = list(self)
@@ -180,7 +208,7 @@ class PagedReady(_Ready):
     def load_ahead(self) -> None:
         """Ask the writer for the missing bodies among the next messages."""
         self._since = 0
-        need = []
+        need: list[Message] = []
         nbytes = 0
         for m in islice(self, LOAD_WINDOW):
             nbytes += m.body_size
@@ -200,40 +228,21 @@ class PagedReady(_Ready):
             if m.body is not None:
                 continue
             if b is None:
-                if m.id in q.held and not q.deleted:
+                if q.drop_unreadable(m):
                     log.error(
                         "message %d of queue '%s' in vhost '%s' has no body in the store; dropped",
                         m.id,
                         q.name,
                         q.vhost.name,
                     )
-                    try:
-                        self.remove(m)
-                    except ValueError:
-                        pass
-                    else:
-                        q.ready_bytes -= m.body_size
-                    q._forget(m)
                 m.body = b""
                 continue
             m.body = b
             self.paged -= 1
-        if not q.deleted:
-            q.vhost.mark_dirty(q)
+        q.wake()
 
 
 _popleft = deque.popleft
-
-
-def _pageable(q: Queue) -> bool:
-    """Messages of ``q`` may lose their body in memory: no feature needs it before dispatch
-    (dead-lettering from the ready list, length limits, priorities, a consumer-choice hook)."""
-    if q.max_priority or q.max_length is not None or q.max_length_bytes is not None:
-        return False
-    if q.message_ttl is not None:
-        return False  # expiry from the ready list dead-letters (x-dead-letter-exchange or a
-        # plugin's target), which needs the body; a TTL also keeps such queues short
-    return q.vhost.hooks.select_consumer is None
 
 
 # ------------------------------------------------------------------------------ batch writing
@@ -313,8 +322,12 @@ class SQLiteStore:
             os.close(self._lock_fd)
             raise
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._clock: Any = None
-        self._broker: Any = None
+        self._clock: Clock | None = None
+        self._on_alarm: Callable[[str | None], None] | None = None
+        #: the live queue object of each saved queue -> its row id (the per-message lookup)
+        self._qid_of: dict[Queue, int] = {}
+        #: (vhost, name) -> the live queue object saved under it
+        self._live: dict[tuple[str, str], Queue] = {}
         #: operations of the current loop turn, not yet handed to the writer
         self._pending: list[tuple[Any, ...]] = []
         #: operation lists handed to the writer (deque: append/popleft are thread-safe)
@@ -451,6 +464,7 @@ class SQLiteStore:
     def _load_ids(self) -> None:
         db = self._db
         try:
+            #: (vhost, queue name) -> the queue's row id, for every queue row on disk
             self._queues: dict[tuple[str, str], int] = {
                 (v, n): qid for qid, v, n in db.execute("SELECT qid, vhost, name FROM queues")
             }
@@ -460,6 +474,14 @@ class SQLiteStore:
             raise StoreError(
                 f"the store is corrupt or unreadable ({exc}); refusing to start", file=self.file
             ) from None
+
+    def __str__(self) -> str:
+        return str(self.file)
+
+    def attach(self, clock: Clock, on_alarm: Callable[[str | None], None]) -> None:
+        """Wall-clock times come from ``clock``; write failures raise an alarm there."""
+        self._clock = clock
+        self._on_alarm = on_alarm
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """The broker's loop is known: callbacks run there from now on."""
@@ -500,9 +522,9 @@ class SQLiteStore:
         return c.time() if c is not None else time.time()
 
     def add_message(self, queue: Queue, msg: Message) -> None:
-        qid = getattr(queue, "store_qid", 0)
+        qid = self._qid_of.get(queue, 0)
         if not qid or msg.body is None:
-            if msg.body is None:  # a copy of a paged message: must not happen (see _pageable)
+            if msg.body is None:  # a copy of a paged message: must not happen (Queue.pageable)
                 log.error(
                     "message %d for queue '%s' has no body in memory; not stored",
                     msg.id,
@@ -544,7 +566,7 @@ class SQLiteStore:
             self._loop.call_soon(self._handoff)
 
     def remove_message(self, queue: Queue, msg: Message) -> None:
-        qid = getattr(queue, "store_qid", 0)
+        qid = self._qid_of.get(queue, 0)
         if qid:
             if self._pageout:
                 self._pageout.pop(id(msg), None)
@@ -554,14 +576,14 @@ class SQLiteStore:
                 self._loop.call_soon(self._handoff)
 
     def update_message(self, queue: Queue, msg: Message) -> None:
-        qid = getattr(queue, "store_qid", 0)
+        qid = self._qid_of.get(queue, 0)
         if qid:
             self._op((_UPDATE, qid, msg.id, msg.delivery_count))
 
     def delivered(self, queue: Queue, msg: Message) -> None:
         """A stored message went to a consumer for the first time (redelivered after a
         restart if it is still there)."""
-        qid = getattr(queue, "store_qid", 0)
+        qid = self._qid_of.get(queue, 0)
         if qid:
             if self._pageout:
                 self._pageout.pop(id(msg), None)
@@ -574,7 +596,7 @@ class SQLiteStore:
         """A stored message is held back (nack backoff) for ``delay`` seconds."""
         if self._recovering:
             return
-        qid = getattr(queue, "store_qid", 0)
+        qid = self._qid_of.get(queue, 0)
         if qid:
             self._op((_HOLD, qid, msg.id, self._now_wall() + delay))
 
@@ -607,7 +629,7 @@ class SQLiteStore:
         of its own: a WAL reader neither waits for nor blocks the writer, and a paged body has
         been committed before it was dropped from memory. Pending writes are handed off first.
         """
-        qid = getattr(queue, "store_qid", 0)
+        qid = self._qid_of.get(queue, 0)
         if not qid or self._closed:
             return None
         reader = self._reader
@@ -621,8 +643,7 @@ class SQLiteStore:
         return row[0] if row is not None else None
 
     def load_bodies(self, ready: PagedReady, msgs: list[Message]) -> None:
-        qid = getattr(ready.queue, "store_qid", 0)
-        self._op((_LOAD, qid, [m.id for m in msgs], ready, msgs))
+        self._op((_LOAD, ready.qid, [m.id for m in msgs], ready, msgs))
 
     def after_durable(self, callback: Callable[[], None]) -> None:
         p = self._pending
@@ -635,21 +656,24 @@ class SQLiteStore:
     def _sql(self, *stmts: tuple[str, tuple[Any, ...]]) -> None:
         self._op((_SQL, stmts))
 
-    def _install_pager(self, q: Queue) -> None:
-        if type(q.ready) is _Ready and not len(q.ready) and _pageable(q):
-            q.ready = PagedReady(self, q)
+    def paged_ready(self, queue: Queue) -> PagedReady | None:
+        """A paging ready list for a saved queue (the domain asks only for pageable ones)."""
+        qid = self._qid_of.get(queue)
+        return PagedReady(self, queue, qid) if qid is not None else None
 
     def save_queue(self, queue: Queue) -> None:
         if queue.exclusive_owner is not None:
-            queue.store_qid = 0  # type: ignore[attr-defined]
             return  # exclusive queues end with their connection: never kept across restarts
         key = (queue.vhost.name, queue.name)
         qid = self._queues.get(key)
         if qid is None:
             qid = self._queues[key] = self._next_qid
             self._next_qid += 1
-        queue.store_qid = qid  # type: ignore[attr-defined]
-        self._install_pager(queue)
+        old = self._live.get(key)
+        if old is not None and old is not queue:
+            self._qid_of.pop(old, None)
+        self._live[key] = queue
+        self._qid_of[queue] = qid
         if self._recovering:
             return
         self._sql(
@@ -668,6 +692,9 @@ class SQLiteStore:
 
     def delete_queue(self, vhost: str, name: str) -> None:
         qid = self._queues.pop((vhost, name), None)
+        q = self._live.pop((vhost, name), None)
+        if q is not None:
+            self._qid_of.pop(q, None)
         if qid is None:
             return
         self._sql(
@@ -959,9 +986,9 @@ class SQLiteStore:
                 log.exception("after-durable callback failed")
 
     def _alarm(self, reason: str | None) -> None:
-        b = self._broker
-        if b is not None and hasattr(b, "set_alarm"):
-            b.set_alarm(reason)
+        on_alarm = self._on_alarm
+        if on_alarm is not None:
+            on_alarm(reason)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -1006,229 +1033,21 @@ class SQLiteStore:
         )
 
     # ------------------------------------------------------------------ recovery
+    #
+    # Rows become records (broker.store.base); the core rebuilds the domain from them. While
+    # it does, what it declares is on disk already: save_* and holds are not written back.
 
-    def recover(self, broker: Any) -> dict[str, int]:
-        """Load exchanges, queues, bindings, then messages (in their order per queue) and
-        held delayed messages into ``broker``. Runs before the server listens."""
-        from broker.domain.exchange import DelayedExchange
-        from broker.domain.message import Message
-        from broker.errors import AMQPError
-
-        self._broker = broker
-        self._clock = clock = broker.clock
-        db = self._db
-        stats = dict(exchanges=0, queues=0, bindings=0, messages=0, delayed=0, dropped=0)
-        now_w = clock.time()
-        now_m = clock.monotonic()
+    @contextmanager
+    def recovering(self) -> Iterator[None]:
+        """Around the core's rebuild; at the end, the heads of paged queues are read into
+        memory (before the broker listens). A database error is a :class:`StoreError`."""
         self._recovering = True
-        t0 = time.monotonic()
         try:
-            max_mid = 0
-            for vh_name, name, type_, auto_delete, internal, args in db.execute(
-                "SELECT vhost, name, type, auto_delete, internal, arguments FROM exchanges"
-            ):
-                vh = broker.vhosts.get(vh_name)
-                if vh is None:
-                    log.warning(
-                        "store: exchange '%s' of unknown vhost '%s' kept on disk, not loaded",
-                        name,
-                        vh_name,
-                    )
-                    continue
-                if name in vh.exchanges:
-                    continue
-                try:
-                    vh.declare_exchange(
-                        name,
-                        type_,
-                        durable=True,
-                        auto_delete=bool(auto_delete),
-                        internal=bool(internal),
-                        arguments=_untable(args),
-                    )
-                    stats["exchanges"] += 1
-                except AMQPError as exc:
-                    log.warning(
-                        "store: exchange '%s' in vhost '%s' not restored: %s", name, vh_name, exc
-                    )
-
-            by_qid: dict[int, Queue] = {}
-            for qid, vh_name, name, auto_delete, args, stype in db.execute(
-                "SELECT qid, vhost, name, auto_delete, arguments, subscription FROM queues"
-            ):
-                vh = broker.vhosts.get(vh_name)
-                if vh is None:
-                    log.warning(
-                        "store: queue '%s' of unknown vhost '%s' kept on disk, not loaded",
-                        name,
-                        vh_name,
-                    )
-                    continue
-                q = vh.queues.get(name)
-                if q is None:
-                    try:
-                        q, _ = vh.declare_queue(
-                            name,
-                            durable=True,
-                            auto_delete=bool(auto_delete),
-                            arguments=_untable(args),
-                            subscription_type=stype or None,
-                        )
-                    except AMQPError as exc:
-                        log.warning(
-                            "store: queue '%s' in vhost '%s' not restored: %s", name, vh_name, exc
-                        )
-                        continue
-                    stats["queues"] += 1
-                elif not q.durable:
-                    log.warning(
-                        "store: queue '%s' in vhost '%s' is declared non-durable by the "
-                        "configuration; its stored messages are kept on disk, not loaded",
-                        name,
-                        vh_name,
-                    )
-                    continue
-                q.store_qid = qid  # type: ignore[attr-defined]
-                self._install_pager(q)
-                by_qid[qid] = q
-
-            for vh_name, source, kind, dest, key, args in db.execute(
-                "SELECT vhost, source, dest_kind, dest, routing_key, arguments FROM bindings"
-            ):
-                vh = broker.vhosts.get(vh_name)
-                if vh is None:
-                    continue
-                src = vh.exchanges.get(source)
-                dst = vh.queues.get(dest) if kind == "queue" else vh.exchanges.get(dest)
-                arguments = _untable(args)
-                if src is None or dst is None or not src.durable or not dst.durable:
-                    log.warning(
-                        "store: binding %s -> %s '%s' (key %r) in vhost '%s' has a "
-                        "missing end; dropped",
-                        source,
-                        kind,
-                        dest,
-                        key,
-                        vh_name,
-                    )
-                    self.delete_binding(vh_name, source, kind, dest, key, arguments)
-                    continue
-                try:
-                    vh.bind(src, dst, key, arguments)
-                    stats["bindings"] += 1
-                except AMQPError as exc:
-                    log.warning(
-                        "store: binding %s -> %s in vhost '%s' not restored: %s",
-                        source,
-                        dest,
-                        vh_name,
-                        exc,
-                    )
-
-            pageable = {qid for qid, q in by_qid.items() if type(q.ready) is PagedReady}
-            per_queue: dict[int, tuple[list[Message], list[tuple[Message, float]]]] = {}
-            orphans: set[int] = set()
-            known_qids = set(self._queues.values())
-            cur = db.execute(
-                "SELECT qid, mid, exchange, routing_key, properties, "
-                f"CASE WHEN qid IN ({','.join(str(q) for q in pageable) or '0'}) THEN NULL "
-                "ELSE body END, length(body), timestamp, arrival, delivery_count, delivered, due "
-                "FROM messages ORDER BY seq"
-            )
-            for qid, mid, ex, rk, props, body, size, ts, arrival, count, dlv, due in cur:
-                if mid > max_mid:
-                    max_mid = mid
-                q = by_qid.get(qid)
-                if q is None:
-                    if qid not in known_qids:
-                        orphans.add(qid)
-                    continue
-                try:
-                    m = Message.from_publish(
-                        mid, ex, rk, props, body, size, now_m - max(0.0, now_w - arrival), ts
-                    )
-                except Exception as exc:
-                    log.error(
-                        "store: message %d of queue '%s' is unreadable (%s); dropped",
-                        mid,
-                        q.name,
-                        exc,
-                    )
-                    self._op((_REMOVE, qid, mid))
-                    stats["dropped"] += 1
-                    continue
-                if body is None and m.expiration is not None and q.dlx is not None:
-                    # it may expire into a dead-letter exchange from the ready list: keep its
-                    # body in memory (what _pageable ensures for messages added live)
-                    m.body = db.execute(
-                        "SELECT body FROM messages WHERE qid = ? AND mid = ?", (qid, mid)
-                    ).fetchone()[0]
-                m.delivery_count = count
-                m.redelivered = bool(dlv or count)
-                m.stored = True
-                lists = per_queue.get(qid)
-                if lists is None:
-                    lists = per_queue[qid] = ([], [])
-                if getattr(by_qid.get(qid), "retry_target", None) is not None and due is not None:
-                    # a retry queue's hold: the rest of its delay, or at once if it passed;
-                    # it is forwarded whole, so its body comes back into memory now
-                    if m.body is None:
-                        m.body = db.execute(
-                            "SELECT body FROM messages WHERE qid = ? AND mid = ?", (qid, mid)
-                        ).fetchone()[0]
-                    by_qid[qid].restore_retry_hold(m, due - now_w)
-                    stats["messages"] += 1
-                    continue
-                if due is not None and due > now_w:
-                    lists[1].append((m, due - now_w))
-                else:
-                    lists[0].append(m)
-            for qid in orphans:
-                log.warning("store: messages of a queue with no record (id %d) dropped", qid)
-                self._sql(("DELETE FROM messages WHERE qid = ?", (qid,)))
-
-            for qid, (ready, held) in per_queue.items():
-                q = by_qid[qid]
-                for m, delay in held:  # first, so each removal from the ready list is O(1)
-                    if self._enqueue(q, m):
-                        q.ready.remove(m)
-                        q.ready_bytes -= m.body_size
-                        q.hold_back(m, delay)
-                        stats["messages"] += 1
-                for m in ready:
-                    if self._enqueue(q, m):
-                        stats["messages"] += 1
-                    else:
-                        stats["dropped"] += 1
+            yield
+            for q, qid in self._qid_of.items():
                 r = q.ready
                 if type(r) is PagedReady:
-                    self._load_resident(q, r)
-
-            for mid, vh_name, ex_name, rk, props, body, ts, due in db.execute(
-                "SELECT mid, vhost, exchange, routing_key, properties, body, timestamp, due "
-                "FROM delayed ORDER BY due"
-            ):
-                if mid > max_mid:
-                    max_mid = mid
-                vh = broker.vhosts.get(vh_name)
-                ex = vh.exchanges.get(ex_name) if vh is not None else None
-                if not isinstance(ex, DelayedExchange):
-                    if vh is not None:
-                        log.warning(
-                            "store: delayed message %d for missing exchange '%s' in "
-                            "vhost '%s' dropped",
-                            mid,
-                            ex_name,
-                            vh_name,
-                        )
-                        self._op((_DREMOVE, mid))
-                    continue
-                m = Message.from_publish(mid, ex_name, rk, props, body, len(body), now_m, ts)
-                vh.hold_delayed(ex, m, max(0.0, due - now_w))
-                m.stored = True
-                stats["delayed"] += 1
-            if max_mid:
-                broker.ids.advance(max_mid)
+                    self._load_resident(r, qid)
         except sqlite3.Error as exc:
             raise StoreError(
                 f"the store is corrupt or unreadable ({exc}); refusing to start — "
@@ -1237,32 +1056,86 @@ class SQLiteStore:
             ) from None
         finally:
             self._recovering = False
-        log.info(
-            "store %s recovered in %.2f s: %d exchanges, %d queues, %d bindings, "
-            "%d messages, %d delayed",
-            self.file,
-            time.monotonic() - t0,
-            stats["exchanges"],
-            stats["queues"],
-            stats["bindings"],
-            stats["messages"],
-            stats["delayed"],
+
+    def read_topology(self) -> StoredTopology:
+        db = self._db
+        return StoredTopology(
+            exchanges=tuple(
+                ExchangeRecord(vh, name, type_, bool(auto_delete), bool(internal), _untable(args))
+                for vh, name, type_, auto_delete, internal, args in db.execute(
+                    "SELECT vhost, name, type, auto_delete, internal, arguments FROM exchanges"
+                )
+            ),
+            queues=tuple(
+                QueueRecord(vh, name, bool(auto_delete), _untable(args), stype or None)
+                for vh, name, auto_delete, args, stype in db.execute(
+                    "SELECT vhost, name, auto_delete, arguments, subscription FROM queues"
+                )
+            ),
+            bindings=tuple(
+                BindingRecord(vh, source, kind, dest, key, _untable(args))
+                for vh, source, kind, dest, key, args in db.execute(
+                    "SELECT vhost, source, dest_kind, dest, routing_key, arguments FROM bindings"
+                )
+            ),
         )
-        return stats
 
-    def _enqueue(self, q: Queue, m: Message) -> bool:
-        if q.enqueue(m):
-            return True
-        # refused (reject-publish overflow under a changed configuration)
-        m.stored = False
-        self.remove_message(q, m)
-        return False
+    def read_messages(self) -> Iterator[MessageRecord]:
+        """Every message row of a queue row, in insertion order. The body of a message in a
+        queue with a paging list is not read (None): the queue's head is read at the end of
+        recovery, the rest as dispatch gets near. Rows of no queue row are deleted."""
+        names = {qid: key for key, qid in self._queues.items()}
+        paged = ",".join(str(qid) for q, qid in self._qid_of.items() if type(q.ready) is PagedReady)
+        orphans: set[int] = set()
+        cur = self._db.execute(
+            "SELECT qid, mid, exchange, routing_key, properties, "
+            f"CASE WHEN qid IN ({paged or '0'}) THEN NULL ELSE body END, length(body), "
+            "timestamp, arrival, delivery_count, delivered, due FROM messages ORDER BY seq"
+        )
+        # one record per row: built with tuple.__new__ (a named tuple's own __new__ is a
+        # Python function), the queue's key object shared by its records
+        new = tuple.__new__
+        record = MessageRecord
+        for qid, mid, ex, rk, props, body, size, ts, arrival, count, dlv, due in cur:
+            key = names.get(qid)
+            if key is None:
+                orphans.add(qid)
+                continue
+            yield new(
+                record, (key, mid, ex, rk, props, body, size, ts, arrival, count, dlv != 0, due)
+            )
+        for qid in sorted(orphans):
+            log.warning("store: messages of a queue with no record (id %d) dropped", qid)
+            self._sql(("DELETE FROM messages WHERE qid = ?", (qid,)))
 
-    def _load_resident(self, q: Queue, r: PagedReady) -> None:
+    def read_delayed(self) -> Iterator[DelayedRecord]:
+        for mid, vh, ex, rk, props, body, ts, due in self._db.execute(
+            "SELECT mid, vhost, exchange, routing_key, properties, body, timestamp, due "
+            "FROM delayed ORDER BY due"
+        ):
+            yield DelayedRecord(vh, ex, mid, rk, props, body, ts, due)
+
+    def discard(self, record: BindingRecord | MessageRecord | DelayedRecord) -> None:
+        if isinstance(record, MessageRecord):
+            qid = self._queues.get(record.queue)
+            if qid is not None:
+                self._op((_REMOVE, qid, record.id))
+        elif isinstance(record, DelayedRecord):
+            self._op((_DREMOVE, record.id))
+        else:
+            self.delete_binding(
+                record.vhost,
+                record.source,
+                record.dest_kind,
+                record.dest,
+                record.routing_key,
+                record.arguments,
+            )
+
+    def _load_resident(self, r: PagedReady, qid: int) -> None:
         """Read the bodies of the head of a recovered paged queue now (before listening)."""
         nbytes = 0
         n = 0
-        qid = q.store_qid  # type: ignore[attr-defined]
         cur = self._db.cursor()
         for m in r:
             if n >= RESIDENT_MIN and nbytes >= RESIDENT_BYTES // 2:

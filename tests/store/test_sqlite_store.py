@@ -10,13 +10,13 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from broker.clock import ManualClock
 from broker.codec import properties as P
+from broker.core.recovery import recover
 from broker.domain import fate
 from broker.domain.exchange import DelayedExchange
 from broker.domain.message import Message
@@ -62,10 +62,8 @@ class World:
         self.store = SQLiteStore(self.path)
         self.timers = Timers(self.clock)
         self.vh = VirtualHost("/", clock=self.clock, timers=self.timers, store=self.store)
-        self.broker = SimpleNamespace(
-            clock=self.clock, vhosts={"/": self.vh}, ids=self.vh.ids, set_alarm=lambda reason: None
-        )
-        self.stats = self.store.recover(self.broker)
+        self.store.attach(self.clock, lambda reason: None)
+        self.stats = recover(self.store, {"/": self.vh}, clock=self.clock, ids=self.vh.ids)
         self.loop = FakeLoop()
         self.store.bind_loop(self.loop)
 
@@ -275,6 +273,7 @@ def test_deleting_a_queue_deletes_its_messages(world: World) -> None:
     _q2, _ = world.vh.declare_queue("q", durable=True)  # same name, a new queue
     world.publish("q", b"y")
     world.sync()
+    assert world.rows() == [(1,)]  # deleted with the queue, not left for a restart to find
     world.restart()
     assert bodies(world.vh.queues["q"]) == [b"y"]
 
@@ -435,6 +434,29 @@ def test_expiring_messages_keep_their_bodies_for_dead_lettering(
     take_all(world, q)
     (d,) = world.vh.queues["dead"].ready
     assert d.body == b"expires" and d.headers["x-death"][0]["reason"] == "expired"
+
+
+def test_a_write_failure_holds_confirms_under_an_alarm_until_a_write_succeeds(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alarms: list[str | None] = []
+    world.store.attach(world.clock, alarms.append)
+    real = world.store._apply
+    failures = [sqlite3.OperationalError("disk I/O error")]
+
+    def flaky(ops: list[tuple[Any, ...]]) -> Any:
+        if failures:
+            raise failures.pop()
+        return real(ops)
+
+    monkeypatch.setattr(world.store, "_apply", flaky)
+    world.vh.declare_queue("q", durable=True)
+    world.publish("q", b"x")
+    fired: list[int] = []
+    world.store.after_durable(lambda: fired.append(world.rows()[0][0]))
+    world.sync()
+    assert fired == [1]  # sent once written, never before
+    assert len(alarms) == 2 and "disk I/O error" in (alarms[0] or "") and alarms[1] is None
 
 
 # --------------------------------------------------------------------------- refusing stores
