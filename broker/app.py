@@ -32,7 +32,7 @@ from broker.policy import (
     QueueView,
     Snapshot,
 )
-from broker.store import MemoryStore
+from broker.store import MemoryStore, Store
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
@@ -52,7 +52,7 @@ class Broker:
         *,
         clock: Clock | None = None,
         hooks: Any = None,
-        store: Any = None,
+        store: Store | None = None,
         name: str = "plugbroker",
     ) -> None:
         self.config = config
@@ -62,7 +62,7 @@ class Broker:
         #: message ids of this broker (unique across its vhosts)
         self.ids = MessageIds()
         self.hooks = hooks if hooks is not None else NoHooks()
-        self.store = store if store is not None else MemoryStore()
+        self.store: Store = store if store is not None else MemoryStore()
         cl = config.limits
         # AMQP's channel_max 0 means "no specific limit": the protocol's own, 65535
         self.limits = cl if cl.channel_max else replace(cl, channel_max=65535)
@@ -119,9 +119,7 @@ class Broker:
         """Run deferred work on ``loop``: turn batching and the single timer wake-up."""
         self.loop = loop
         self._loop_thread = threading.get_ident()
-        bind = getattr(self.store, "bind_loop", None)
-        if bind is not None:
-            bind(loop)
+        self.store.bind_loop(loop)
         self._timer_handle: asyncio.TimerHandle | None = None
         self._timer_due: float | None = None
         self.timers.on_earliest_changed = self._arm_timer
