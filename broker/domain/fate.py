@@ -72,13 +72,7 @@ def ack_all(
     h = entries[0][1].vhost.hooks.message_acked  # one channel, one vhost, one plugin host
     for msg, q, consumer in entries:
         q.settle(msg)
-        tag = None
-        if consumer is not None:
-            tag = consumer.tag
-            consumer.unacked -= 1
-            consumer.last_ack = now
-            if consumer.isolated:
-                release(consumer, "acked")
+        tag = _settled_by(consumer, now, "acked")
         if h is not None:
             h(
                 vhost=q.vhost.name,
@@ -90,6 +84,18 @@ def ack_all(
             )
         if not q.dirty and q.ready:
             q.vhost.mark_dirty(q)
+
+
+def _settled_by(consumer: Consumer | None, now: float, how: str) -> str | None:
+    """``consumer`` settled one of its deliveries (None: a basic.get): one fewer unacked, its
+    ack clock restarts, and it leaves the blocklist. Returns its tag for the hooks."""
+    if consumer is None:
+        return None
+    consumer.unacked -= 1
+    consumer.last_ack = now
+    if consumer.isolated:
+        release(consumer, how)
+    return consumer.tag
 
 
 def settle_unacked(q: Queue, msg: Message) -> None:
@@ -111,13 +117,7 @@ def reject(
     one, ``requeue`` puts the message back (after ``broker_redelivery_delay``, if a plugin gives
     one), within the queue's delivery limit; ``requeue=false`` dead-letters or drops it.
     """
-    tag = None
-    if consumer is not None:
-        tag = consumer.tag
-        consumer.unacked -= 1
-        consumer.last_ack = now
-        if consumer.isolated:
-            release(consumer, "rejected")
+    tag = _settled_by(consumer, now, "rejected")
     vh = q.vhost
     hooks = vh.hooks
     h = hooks.message_rejected
