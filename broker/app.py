@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from broker.clock import Clock, SystemClock
+from broker.config.users import is_loopback
 from broker.core.api import BrokerAPI
 from broker.domain.message import MessageIds
 from broker.domain.queue import SHARED, Queue
@@ -204,9 +205,23 @@ class Broker:
             if h is not None:
                 h(connection_id=conn.id, code=0, text=conn.close_reason)
 
-    def authenticate(self, user: str, password: str) -> bool:
+    def authenticate(self, user: str, password: str, peer_host: str | None = None) -> bool:
+        return self.login_refusal(user, password, peer_host) is None
+
+    def login_refusal(self, user: str, password: str, peer_host: str | None = None) -> str | None:
+        """Why ``user`` may not log in with ``password`` from ``peer_host`` (None: it may).
+
+        The reason is for the log only; the client is told no more than "refused", as by
+        RabbitMQ. ``peer_host`` None (an in-process caller) skips the loopback rule.
+        """
         u = self.config.users.get(user)
-        return u is not None and u.password == password
+        if u is None:
+            return f"user '{user}' - invalid credentials"
+        if u.loopback_only and peer_host is not None and not is_loopback(peer_host):
+            return f"user '{user}' can only connect via localhost"
+        if not u.check_password(password):
+            return f"user '{user}' - invalid credentials"
+        return None
 
     def may_access(self, user: str, vhost: str) -> bool:
         u = self.config.users.get(user)

@@ -25,6 +25,7 @@ from broker.config import (
     ConfigError,
     load_config,
     load_default,
+    users,
 )
 from broker.core.recovery import recover
 from broker.server import Server
@@ -107,6 +108,7 @@ class Running:
     def apply_reload(self, cfg: BrokerConfig) -> None:
         """Put a validated configuration in effect (on the loop)."""
         self.config = cfg
+        warn_plain_passwords(cfg)
         self.broker.reload(cfg)
         log.info("configuration reloaded from %s", cfg.source)
 
@@ -148,6 +150,7 @@ async def start_broker(
     if plugins.configure is not None:
         plugins.configure(config=config)
     plugins.verify_policies(config)
+    warn_plain_passwords(config)
     store = open_store(config)
     b = Broker(config, clock=clock, hooks=plugins, store=store)
     store.attach(b.clock, b.set_alarm)
@@ -175,6 +178,14 @@ async def start_broker(
 
         running.admin = AdminServer(b.api, running, *config.admin).start()
     return running
+
+
+def warn_plain_passwords(config: BrokerConfig) -> None:
+    """One warning per user (in the process' life) whose password is plain text."""
+    users.warn_plain_passwords(
+        ((u.name, u.password is not None) for u in config.users.values()),
+        config.source or "the configuration",
+    )
 
 
 def period_for(config: BrokerConfig, key: str) -> float | None:

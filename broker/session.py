@@ -361,6 +361,8 @@ class Connection:
         self.transport = transport
         self.peer = peer
         self.id = broker_.new_connection_id(peer)
+        #: the peer's address without the port (``host:port`` or ``[v6]:port`` as given)
+        self.peer_host = peer.rsplit(":", 1)[0].strip("[]") if ":" in peer else peer
         self.clock = broker_.clock
         limits = broker_.limits
         self.codec = ServerCodec(
@@ -767,9 +769,16 @@ class Connection:
         caps = self.client_props.get("capabilities")
         self.client_caps = caps if isinstance(caps, dict) else {}
         user, password = self._credentials(mechanism, m.response)
-        if not self.broker.authenticate(user, password):
-            text = f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
-            log.warning("connection %s (%s): login refused for user %r", self.id, self.peer, user)
+        refusal = self.broker.login_refusal(user, password, self.peer_host)
+        if refusal is not None:
+            # the client learns no more than RabbitMQ tells it; the log says why
+            text = (
+                f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
+                " For details see the broker logfile."
+            )
+            log.warning(
+                "connection %s (%s): %s login refused: %s", self.id, self.peer, mechanism, refusal
+            )
             if self.client_caps.get("authentication_failure_close"):
                 self.close(ACCESS_REFUSED, text, CONNECTION_START_OK)
             else:

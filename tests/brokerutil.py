@@ -16,11 +16,14 @@ from typing import Any
 
 from broker.runner import Running, start_broker
 
+#: the users of every test broker unless a test gives its own ``users=``
+GUEST = '<user name="guest" password="guest" vhosts="/ other"/>'
+
 CONFIG_TEMPLATE = """<?xml version="1.0"?>
 <broker>
-  <listen host="127.0.0.1" port="0"/>
+  <listen host="{listen_host}" port="0"/>
   {store}
-  <users><user name="guest" password="guest" vhosts="/ other"/></users>
+  <users>{users}</users>
   <housekeeping><threads>2</threads><period>{period}</period></housekeeping>
   {plugins}
   {limits}
@@ -43,6 +46,8 @@ def write_config(
     name: str = "broker.xml",
     journal: bool = False,
     admin: bool = False,
+    users: str = GUEST,
+    listen_host: str = "127.0.0.1",
 ) -> Path:
     store_el = f'<store path="{directory / "store"}"/>' if store else ""
     if journal:
@@ -50,7 +55,13 @@ def write_config(
     if admin:
         store_el += '\n  <admin host="127.0.0.1" port="0"/>'
     text = CONFIG_TEMPLATE.format(
-        store=store_el, plugins=plugins, limits=limits, vhost=vhost, period=period
+        store=store_el,
+        plugins=plugins,
+        limits=limits,
+        vhost=vhost,
+        period=period,
+        users=users,
+        listen_host=listen_host,
     )
     path = directory / name
     path.write_text(text)

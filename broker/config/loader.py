@@ -26,6 +26,7 @@ its ``<policy name>`` is still checked against the registered policies by the pl
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,13 @@ from broker.config.schema import (
     validate,
 )
 from broker.config.units import format_duration
+from broker.config.users import (
+    DEFAULT_HASHING_ALGORITHM,
+    KNOWN_TAGS,
+    Permission,
+    compile_pattern,
+    decode_password_hash,
+)
 from broker.routing import STANDARD_EXCHANGES
 
 __all__ = ["builtin_registry", "load_config", "load_default", "parse_config"]
@@ -167,8 +175,12 @@ class _Loader:
             for user in users.values():
                 for vh_name in user.vhosts:
                     if vh_name not in vhosts:
+                        where = user_els[user.name]
+                        for p in children(where):
+                            if p.get("vhost") == vh_name:
+                                where = p
                         raise self.err(
-                            user_els[user.name],
+                            where,
                             f"user {user.name!r} names virtualhost {vh_name!r}, which is "
                             f"not declared (declared: {', '.join(vhosts)})",
                         )
@@ -210,17 +222,85 @@ class _Loader:
                     u,
                     f"user {name!r} is declared twice (first on line {els[name].sourceline})",
                 )
-            raw = u.get("vhosts")
+            users[name] = self._user(u, name)
+            els[name] = u
+        values["_users_parsed"] = users
+        values["_user_els"] = els
+
+    def _user(self, u: Any, name: str) -> User:
+        """One ``<user>``: its password or hash, tags, loopback rule and permissions."""
+        plain = u.get("password")
+        hashed = u.get("passwordHash")
+        algorithm = (u.get("hashingAlgorithm") or DEFAULT_HASHING_ALGORITHM).strip()
+        if (plain is None) == (hashed is None):
+            raise self.err(u, f"user {name!r} needs exactly one of password= and passwordHash=")
+        password_hash: bytes | None = None
+        if hashed is not None:
+            try:
+                password_hash = decode_password_hash(hashed, algorithm)
+            except ValueError as exc:
+                raise self.err(
+                    u,
+                    f"attribute passwordHash: user {name!r}: {exc}; expected RabbitMQ's format, "
+                    "base64 of a 4-byte salt and the digest (plugbroker hash-password prints one)",
+                ) from None
+        tags = frozenset((u.get("tags") or "").replace(",", " ").split())
+        unknown = sorted(tags - KNOWN_TAGS)
+        if unknown:
+            raise self.err(
+                u,
+                f"attribute tags: user {name!r}: unknown tag {unknown[0]!r}; known tags: "
+                f"{', '.join(sorted(KNOWN_TAGS))}" + suggest(unknown[0], KNOWN_TAGS),
+            )
+        raw_loopback = u.get("loopbackOnly")
+        # RabbitMQ's loopback_users default: guest may log in from loopback only
+        loopback = name == "guest" if raw_loopback is None else raw_loopback.strip() in XML_TRUE
+
+        permissions: dict[str, Permission] = {}
+        lines: dict[str, int] = {}
+        raw = u.get("vhosts")
+        perm_els = [c for c in children(u) if local_name(c) == "permission"]
+        if raw is not None or not perm_els:
             vhosts = ("/",) if raw is None else tuple(raw.split())
-            if not vhosts:
+            if not vhosts and not perm_els:
                 raise self.err(
                     u,
                     f"attribute vhosts: user {name!r} must be allowed at least one virtualhost",
                 )
-            users[name] = User(name, u.get("password"), vhosts)
-            els[name] = u
-        values["_users_parsed"] = users
-        values["_user_els"] = els
+            for vh in vhosts:
+                permissions[vh] = Permission()
+                lines[vh] = u.sourceline
+        for p in perm_els:
+            vh = p.get("vhost")
+            if vh in permissions:
+                raise self.err(
+                    p,
+                    f"user {name!r} has two permissions for virtualhost {vh!r} (first on line "
+                    f"{lines[vh]})",
+                )
+            patterns: dict[str, str] = {}
+            for kind in ("configure", "write", "read"):
+                pattern = p.get(kind)
+                pattern = "" if pattern is None else pattern
+                try:
+                    compile_pattern(pattern)
+                except re.error as exc:
+                    raise self.err(
+                        p,
+                        f"attribute {kind}: {pattern!r} is not a valid regular expression: {exc}",
+                    ) from None
+                patterns[kind] = pattern
+            permissions[vh] = Permission(**patterns)
+            lines[vh] = p.sourceline
+        return User(
+            name,
+            plain,
+            frozen_map(permissions),
+            password_hash=password_hash,
+            hashing_algorithm=algorithm,
+            tags=tags,
+            loopback_only=loopback,
+        )
 
     def _housekeeping(self, el: Any, values: dict[str, Any]) -> None:
         values["housekeeping_threads"] = self.ctx.integer(el, "threads", 4, minimum=1, maximum=1024)

@@ -21,6 +21,7 @@ in only when the whole file is valid; a failed reload leaves the running one alo
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from broker.config.units import format_duration, format_size
+from broker.config.users import DEFAULT_HASHING_ALGORITHM, Permission, check_password_hash
 from broker.routing import STANDARD_EXCHANGES, topic_words_match
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "BrokerConfig",
     "ExchangeDecl",
     "Limits",
+    "Permission",
     "PolicyRef",
     "QueueConfig",
     "ResolvedPolicy",
@@ -63,16 +66,57 @@ def frozen_map(d: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
     return MappingProxyType(dict(d or {}))
 
 
+def _full_access() -> Mapping[str, Permission]:
+    return frozen_map({"/": Permission()})
+
+
 @dataclass(frozen=True, slots=True)
 class User:
-    """A user allowed to connect (PLAIN/AMQPLAIN) to the listed vhosts."""
+    """A user who may log in (PLAIN/AMQPLAIN) and what it may do once in.
+
+    Exactly one of ``password`` (plain text, accepted with a warning) and ``password_hash``
+    (RabbitMQ's salt + digest, see :mod:`broker.config.users`) is set.
+    """
 
     name: str
-    password: str
-    vhosts: tuple[str, ...] = ("/",)
+    password: str | None = None
+    #: vhost -> configure/write/read patterns; a vhost not in here may not be opened
+    permissions: Mapping[str, Permission] = field(default_factory=_full_access)
+    #: salt + digest (decoded ``passwordHash``), or None with a plain ``password``
+    password_hash: bytes | None = None
+    hashing_algorithm: str = DEFAULT_HASHING_ALGORITHM
+    tags: frozenset[str] = frozenset()
+    #: may log in only from 127.0.0.0/8 or ::1
+    loopback_only: bool = False
+
+    @property
+    def vhosts(self) -> tuple[str, ...]:
+        """The vhosts the user has permissions on (what ``vhosts="..."`` lists)."""
+        return tuple(self.permissions)
 
     def can_access(self, vhost: str) -> bool:
-        return vhost in self.vhosts
+        return vhost in self.permissions
+
+    def permission(self, vhost: str) -> Permission | None:
+        return self.permissions.get(vhost)
+
+    def check_password(self, password: str) -> bool:
+        """Whether ``password`` is this user's (constant-time comparison)."""
+        if self.password_hash is not None:
+            return check_password_hash(password, self.password_hash, self.hashing_algorithm)
+        if self.password is None:
+            return False
+        return hmac.compare_digest(self.password.encode("utf-8"), password.encode("utf-8"))
+
+    def describe(self) -> str:
+        parts = [self.name]
+        if self.tags:
+            parts.append(f"[{' '.join(sorted(self.tags))}]")
+        if self.loopback_only:
+            parts.append("loopback-only")
+        perms = "; ".join(f"{vh}: {p.describe()}" for vh, p in self.permissions.items())
+        parts.append(f"({perms or 'no vhost'})")
+        return " ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,7 +427,10 @@ class VhostConfig:
 
 
 def default_users() -> Mapping[str, User]:
-    return frozen_map({"guest": User("guest", "guest", ("/",))})
+    """RabbitMQ's guest/guest: full permissions on "/", administrator, loopback only."""
+    return frozen_map(
+        {"guest": User("guest", "guest", tags=frozenset({"administrator"}), loopback_only=True)}
+    )
 
 
 def _default_vhosts() -> Mapping[str, VhostConfig]:
@@ -439,7 +486,7 @@ class BrokerConfig:
             f"{format_duration(self.housekeeping_period)}"
         )
         out.append(f"limits {self.limits.describe()}")
-        users = ", ".join(f"{u.name} ({' '.join(u.vhosts)})" for u in self.users.values())
+        users = ", ".join(u.describe() for u in self.users.values())
         out.append(f"users {users or '(none)'}")
         out.append(f"plugins {' '.join(self.plugins) or '(built-in only)'}")
         if self.blocked_plugins:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import broker as _pkg
@@ -102,6 +103,31 @@ class ConsumerInfo:
     def ack_clock(self) -> float | None:
         """When its ack clock started: its last settle, else its first delivery."""
         return self.last_ack if self.last_ack is not None else self.first_delivery
+
+
+@dataclass(frozen=True, slots=True)
+class VhostPermission:
+    """A user's RabbitMQ-style patterns on one vhost (regular expressions searched in the
+    resource name; "" matches nothing)."""
+
+    configure: str
+    write: str
+    read: str
+
+
+@dataclass(frozen=True, slots=True)
+class UserInfo:
+    """A configured user, without its password."""
+
+    name: str
+    #: management tags: administrator, monitoring, policymaker, management, impersonator
+    tags: frozenset[str]
+    #: vhost -> its patterns; a vhost not in here may not be opened
+    permissions: Mapping[str, VhostPermission]
+    loopback_only: bool
+
+    def may_access(self, vhost: str) -> bool:
+        return vhost in self.permissions
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,9 +263,28 @@ class BrokerAPI:
         on the loop it runs at once). Raises once the loop has stopped."""
         return self._b.call_on_loop(fn, *args)
 
-    def authenticate(self, user: str, password: str) -> bool:
-        """Whether ``user`` with ``password`` is a configured broker user."""
-        return self._b.authenticate(user, password)
+    def authenticate(self, user: str, password: str, peer_host: str | None = None) -> bool:
+        """Whether ``user`` with ``password`` may log in (from ``peer_host``, an IP address as
+        the socket gives it: a loopback-only user is refused from any other; None skips that
+        rule). The password is compared in constant time."""
+        return self._b.authenticate(user, password, peer_host)
+
+    def user(self, name: str) -> UserInfo | None:
+        """The configured user ``name`` (tags, permissions, loopback rule), or None."""
+        u = self._b.config.users.get(name)
+        if u is None:
+            return None
+        return UserInfo(
+            u.name,
+            u.tags,
+            MappingProxyType(
+                {
+                    vh: VhostPermission(p.configure, p.write, p.read)
+                    for vh, p in u.permissions.items()
+                }
+            ),
+            u.loopback_only,
+        )
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -670,4 +715,6 @@ __all__ = [
     "NotFound",
     "QueueInfo",
     "RedriveResult",
+    "UserInfo",
+    "VhostPermission",
 ]

@@ -48,7 +48,10 @@ def test_default_config() -> None:
     cfg = load_default()
     assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 5672)
     assert cfg.store_path == Path("data/")
-    assert cfg.users["guest"].password == "guest" and cfg.users["guest"].vhosts == ("/",)
+    guest = cfg.users["guest"]
+    assert guest.check_password("guest") and guest.vhosts == ("/",)
+    assert guest.password is None and guest.password_hash is not None  # no plain text shipped
+    assert guest.tags == {"administrator"} and guest.loopback_only
     assert cfg.housekeeping_threads == 4 and cfg.housekeeping_period == 30.0
     vh = cfg.vhosts["/"]
     assert not vh.defaults and not vh.queues and not vh.topics

@@ -10,6 +10,7 @@ import amqp
 import pytest
 from brokerutil import drain_until
 
+from broker.core import api as api_mod
 from broker.core.api import BrokerAPI, NotFound
 
 pytestmark = pytest.mark.e2e
@@ -129,3 +130,34 @@ def test_close_connection_sends_320_connection_forced(broker):
     assert err.value.reply_code == 320
     assert "CONNECTION_FORCED - operator says so" in str(err.value)
     assert not broker.call(api.close_connection, "no-such-connection", "x")
+
+
+USERS = (
+    '<user name="guest" password="guest" vhosts="/ other"/>'
+    '<user name="alice" passwordHash="kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR"'
+    ' tags="management" loopbackOnly="true">'
+    '<permission vhost="other" configure="^alice-" write="" read=".*"/></user>'
+    '<user name="remote" password="pw" loopbackOnly="false"/>'
+)
+
+
+def test_user_view_and_authenticate_with_the_loopback_rule(broker_factory):
+    broker = broker_factory(users=USERS)
+    api = api_of(broker)
+    alice = broker.call(api.user, "alice")
+    assert alice.name == "alice" and alice.tags == {"management"} and alice.loopback_only
+    assert dict(alice.permissions) == {"other": api_mod.VhostPermission("^alice-", "", ".*")}
+    assert alice.may_access("other") and not alice.may_access("/")
+    with pytest.raises(TypeError):
+        alice.permissions["/"] = alice.permissions["other"]  # type: ignore[index]
+    assert broker.call(api.user, "nobody") is None
+    assert not hasattr(alice, "password") and not hasattr(alice, "password_hash")
+
+    auth = api.authenticate
+    assert broker.call(auth, "alice", "test12")  # RabbitMQ's hash of "test12"
+    assert broker.call(auth, "alice", "test12", "127.0.0.1")
+    assert broker.call(auth, "alice", "test12", "::1")
+    assert not broker.call(auth, "alice", "test12", "10.1.2.3")
+    assert not broker.call(auth, "alice", "wrong", "127.0.0.1")
+    assert broker.call(auth, "remote", "pw", "10.1.2.3")
+    assert not broker.call(auth, "nobody", "", None)
