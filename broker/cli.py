@@ -53,6 +53,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return asyncio.run(main())
 
 
+def cmd_hash_password(args: argparse.Namespace) -> int:
+    """Print a ``passwordHash`` for ``<user>``: RabbitMQ's format (``rabbitmqctl
+    hash_password`` prints the same kind of value), from the argument or the first line of
+    standard input."""
+    from broker.config.users import hash_password
+
+    password = args.password
+    if password is None:
+        line = sys.stdin.readline()
+        password = line[:-1] if line.endswith("\n") else line
+        password = password[:-1] if password.endswith("\r") else password
+    if not password:
+        print("plugbroker: hash-password: the password is empty", file=sys.stderr)
+        return 2
+    print(hash_password(password, args.algorithm))
+    return 0
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from broker.config import ConfigError, load_config
     from broker.registry import PluginError
@@ -140,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check-config", help="validate a configuration and show what applies where")
     c.add_argument("file")
     c.set_defaults(func=cmd_check_config)
+    h = sub.add_parser(
+        "hash-password",
+        help="print a passwordHash for <user> (RabbitMQ's format); reads stdin without PASSWORD",
+    )
+    h.add_argument("password", nargs="?", help="the password (default: a line of stdin)")
+    h.add_argument("--algorithm", choices=["sha256", "sha512"], default="sha256")
+    h.set_defaults(func=cmd_hash_password)
     a = sub.add_parser("admin", help="query or steer a running broker (its <admin> interface)")
     a.add_argument("action", choices=[*ADMIN_GETS, "reload", "redrive", "messages"])
     a.add_argument("queue", nargs="?", help="the queue, for redrive and messages")
