@@ -45,11 +45,17 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = ("publish", "publish-confirm", "consume", "pubsub")
 PHASE_LIMIT = 180.0  # seconds; a phase that takes longer is cut short and marked
 
-CONFIG = """<?xml version="1.0" encoding="UTF-8"?>
+CONFIG = r"""<?xml version="1.0" encoding="UTF-8"?>
 <broker>
   <listen host="127.0.0.1" port="0"/>
   <store path="{store}"/>
-  <users><user name="guest" password="guest" vhosts="/"/></users>
+  <users>
+    <user name="guest" password="guest" vhosts="/"/>
+    <!-- for the permissioned option: a user whose every operation is checked -->
+    <user name="bencher" password="bencher">
+      <permission vhost="/" configure="^bench-" write="^amq\.default$" read="^bench-"/>
+    </user>
+  </users>
   <housekeeping><threads>4</threads><period>30000</period></housekeeping>
   {plugins}
   <virtualhost name="/"/>
@@ -85,7 +91,8 @@ def free_port() -> int:
 class OwnBroker:
     """plugbroker in a subprocess on a free loopback port."""
 
-    def __init__(self, plugins: list[str] | None = None) -> None:
+    def __init__(self, plugins: list[str] | None = None, user: str = "guest") -> None:
+        self.user = user
         self.tmp = Path(tempfile.mkdtemp(prefix="plugbroker-bench-"))
         self.config = self.tmp / "bench.xml"
         plugin_xml = (
@@ -133,7 +140,7 @@ class OwnBroker:
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        return f"amqp://{self.user}:{self.user}@127.0.0.1:{self.port}//"
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -397,13 +404,19 @@ def main(argv: list[str] | None = None) -> int:
         help="a plugin module to load into the broker (repeatable), e.g. "
         "bench.trivial_plugin to measure what one listening plugin costs",
     )
+    ap.add_argument(
+        "--permissioned",
+        action="store_true",
+        help="connect as a user with RabbitMQ-style patterns (configure/read ^bench-, write "
+        "^amq\\.default$) instead of guest's full access: what the permission checks cost",
+    )
     args = ap.parse_args(argv)
 
     own = None
     if args.url:
         url, pid = args.url, args.broker_pid
     else:
-        own = OwnBroker(args.plugin)
+        own = OwnBroker(args.plugin, "bencher" if args.permissioned else "guest")
         url, pid = own.url, own.pid
     modes = MODES if args.mode == "all" else (args.mode,)
     results: list[Result] = []

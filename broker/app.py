@@ -20,7 +20,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from broker.clock import Clock, SystemClock
-from broker.config.users import is_loopback
+from broker.config.users import Permission, is_loopback
+from broker.core.access import revoke_lost_access
 from broker.core.api import BrokerAPI
 from broker.domain.message import MessageIds
 from broker.domain.queue import SHARED, Queue
@@ -227,6 +228,11 @@ class Broker:
         u = self.config.users.get(user)
         return u is not None and vhost in u.vhosts
 
+    def user_permission(self, user: str, vhost: str) -> Permission | None:
+        """``user``'s configure/write/read patterns on ``vhost`` (None: no access)."""
+        u = self.config.users.get(user)
+        return u.permission(vhost) if u is not None else None
+
     def set_alarm(self, reason: str | None) -> None:
         """Raise (reason) or clear (None) a resource alarm: publishers are blocked meanwhile."""
         if reason == self.alarm:
@@ -279,8 +285,11 @@ class Broker:
                 self.resolve_policy(q)
 
     def reload(self, config: BrokerConfig) -> None:
-        """Apply a new (already validated) configuration to the running queues."""
-        self.config = config
+        """Apply a new (already validated) configuration to the running queues, and close
+        what users lost (:mod:`broker.core.access`)."""
+        old, self.config = self.config, config
+        for line in revoke_lost_access(self.api, old, config):
+            log.warning("reload: closed %s", line)
         self.resolve_all()
         for name in config.vhosts:
             if name not in self.vhosts:

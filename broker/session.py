@@ -71,9 +71,12 @@ from broker.codec.ids import (
     CONNECTION_START_OK,
     CONNECTION_TUNE_OK,
     EXCHANGE_BIND,
+    EXCHANGE_DECLARE,
+    EXCHANGE_DELETE,
     EXCHANGE_UNBIND,
     NO_METHOD,
     QUEUE_BIND,
+    QUEUE_DECLARE,
     QUEUE_DELETE,
     QUEUE_PURGE,
     QUEUE_UNBIND,
@@ -83,6 +86,7 @@ from broker.codec.ids import (
     MethodId,
 )
 from broker.codec.properties import PropertiesError
+from broker.config.users import FULL_PATTERN, Permission
 from broker.domain import fate
 from broker.domain.exchange import DelayedExchange
 from broker.domain.message import Message
@@ -152,6 +156,13 @@ AWAIT_HEADER = ConnectionState.AWAIT_HEADER
 OPEN = ConnectionState.OPEN
 CLOSING = ConnectionState.CLOSING
 CLOSED = ConnectionState.CLOSED
+
+
+#: the name RabbitMQ checks permissions on for the default exchange ""
+DEFAULT_EXCHANGE_RESOURCE = "amq.default"
+#: checks remembered per connection before the memo starts over (bounds a client that names
+#: ever new queues)
+MAX_PERMISSION_MEMO = 1024
 
 
 class Channel:
@@ -378,6 +389,15 @@ class Connection:
         self.reading_paused = False
         self.user = ""
         self.vhost: VirtualHost | None = None
+        #: the user's patterns on the vhost (set at connection.open and by a reload)
+        self.permission: Permission | None = None
+        #: (configure|write|read, resource name) -> allowed; cleared with a new permission
+        self._allowed: dict[tuple[str, str], bool] = {}
+        #: the write pattern is ".*": basic.publish checks nothing more
+        self._write_all = False
+        #: exchanges (as the client names them) this connection may publish to: the publish
+        #: path's memo, one set lookup
+        self._may_publish: set[str] = set()
         self.client_props: dict[str, Any] = {}
         self.client_caps: dict[str, Any] = {}
         self.channel_max = limits.channel_max
@@ -848,6 +868,7 @@ class Connection:
                 CONNECTION_OPEN,
             )
         self.vhost = vh
+        self.set_permission(self.broker.user_permission(self.user, vhost_name))
         self._advance(Trigger.OPEN)
         if self._timeout_timer is not None:
             self.broker.timers.cancel(self._timeout_timer)
@@ -954,6 +975,12 @@ class Connection:
     # ================================================================ exchange class
 
     def _exchange_declare(self, ch: Channel, m: ExchangeDeclare) -> None:
+        if not m.passive and m.exchange:  # "" is refused below as the default exchange
+            self.check("configure", "exchange", m.exchange, EXCHANGE_DECLARE)
+            ae = m.arguments.get("alternate-exchange") if m.arguments else None
+            if isinstance(ae, str):
+                self.check("read", "exchange", m.exchange, EXCHANGE_DECLARE)
+                self.check("write", "exchange", ae, EXCHANGE_DECLARE)
         ch.vhost.declare_exchange(
             m.exchange,
             m.type,
@@ -967,12 +994,16 @@ class Connection:
             self.send(ch.id, "exchange.declare_ok")
 
     def _exchange_delete(self, ch: Channel, m: ExchangeDelete) -> None:
+        if m.exchange:
+            self.check("configure", "exchange", m.exchange, EXCHANGE_DELETE)
         if m.exchange in ch.vhost.exchanges:
             ch.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
         if not m.nowait:
             self.send(ch.id, "exchange.delete_ok")
 
     def _exchange_bind(self, ch: Channel, m: ExchangeBind) -> None:
+        self.check("write", "exchange", m.destination, EXCHANGE_BIND)
+        self.check("read", "exchange", m.source, EXCHANGE_BIND)
         vh = ch.vhost
         d = vh.get_exchange(m.destination, EXCHANGE_BIND)
         s = vh.get_exchange(m.source, EXCHANGE_BIND)
@@ -981,6 +1012,8 @@ class Connection:
             self.send(ch.id, "exchange.bind_ok")
 
     def _exchange_unbind(self, ch: Channel, m: ExchangeUnbind) -> None:
+        self.check("write", "exchange", m.destination, EXCHANGE_UNBIND)
+        self.check("read", "exchange", m.source, EXCHANGE_UNBIND)
         vh = ch.vhost
         d = vh.get_exchange(m.destination, EXCHANGE_UNBIND)
         s = vh.get_exchange(m.source, EXCHANGE_UNBIND)
@@ -992,8 +1025,20 @@ class Connection:
 
     def _queue_declare(self, ch: Channel, m: QueueDeclare) -> None:
         vh = ch.vhost
+        name = m.queue
+        server_name = ""
+        if not m.passive:
+            # RabbitMQ checks a server-named queue under the name it will get (amq.gen-...)
+            if not name:
+                server_name = "amq.gen-" + secrets.token_urlsafe(16)
+            self.check("configure", "queue", name or server_name, QUEUE_DECLARE)
+            dlx = m.arguments.get("x-dead-letter-exchange") if m.arguments else None
+            if isinstance(dlx, str):
+                self.check("read", "queue", name or server_name, QUEUE_DECLARE)
+                self.check("write", "exchange", dlx, QUEUE_DECLARE)
         q, _created = vh.declare_queue(
-            m.queue,
+            name,
+            server_name=server_name,
             passive=m.passive,
             durable=m.durable,
             exclusive=m.exclusive,
@@ -1006,6 +1051,8 @@ class Connection:
             self.send(ch.id, "queue.declare_ok", q.name, q.ready_count, len(q.consumers))
 
     def _queue_bind(self, ch: Channel, m: QueueBind) -> None:
+        self.check("write", "queue", m.queue, QUEUE_BIND)
+        self.check("read", "exchange", m.exchange, QUEUE_BIND)
         vh = ch.vhost
         q = vh.get_queue(m.queue, QUEUE_BIND, self.id)
         ex = vh.get_exchange(m.exchange, QUEUE_BIND)
@@ -1014,6 +1061,8 @@ class Connection:
             self.send(ch.id, "queue.bind_ok")
 
     def _queue_unbind(self, ch: Channel, m: QueueUnbind) -> None:
+        self.check("write", "queue", m.queue, QUEUE_UNBIND)
+        self.check("read", "exchange", m.exchange, QUEUE_UNBIND)
         vh = ch.vhost
         q = vh.get_queue(m.queue, QUEUE_UNBIND, self.id)
         ex = vh.get_exchange(m.exchange, QUEUE_UNBIND)
@@ -1021,12 +1070,14 @@ class Connection:
         self.send(ch.id, "queue.unbind_ok")
 
     def _queue_purge(self, ch: Channel, m: QueuePurge) -> None:
+        self.check("read", "queue", m.queue, QUEUE_PURGE)
         q = ch.vhost.get_queue(m.queue, QUEUE_PURGE, self.id)
         n = q.purge()
         if not m.nowait:
             self.send(ch.id, "queue.purge_ok", n)
 
     def _queue_delete(self, ch: Channel, m: QueueDelete) -> None:
+        self.check("configure", "queue", m.queue, QUEUE_DELETE)
         vh = ch.vhost
         q = vh.queues.get(m.queue)
         n = 0
@@ -1056,6 +1107,7 @@ class Connection:
     def _basic_consume(self, ch: Channel, m: BasicConsume) -> None:
         qname, tag, exclusive = m.queue, m.consumer_tag, m.exclusive
         sig = BASIC_CONSUME
+        self.check("read", "queue", qname, sig)
         q = ch.vhost.get_queue(qname, sig, self.id)
         if not tag:
             tag = "amq.ctag-" + secrets.token_urlsafe(16)
@@ -1103,6 +1155,7 @@ class Connection:
 
     def _basic_get(self, ch: Channel, get: BasicGet) -> None:
         qname, no_ack = get.queue, get.no_ack
+        self.check("read", "queue", qname, BASIC_GET)
         q = ch.vhost.get_queue(qname, BASIC_GET, self.id)
         q.getters[(self.id, ch.id)] = None
         ch.polled[id(q)] = q
@@ -1206,6 +1259,9 @@ class Connection:
         ch.requeue_all("recover")
 
     def _publish(self, ch: Channel, ev: Publish) -> None:
+        if not self._write_all and ev.exchange not in self._may_publish:
+            self.check("write", "exchange", ev.exchange, BASIC_PUBLISH)
+            self._may_publish.add(ev.exchange)
         if ev.immediate:
             raise ConnectionError_(
                 NOT_IMPLEMENTED, "immediate=true is not supported", BASIC_PUBLISH
@@ -1375,6 +1431,46 @@ class Connection:
         self.send(ch.id, "tx.rollback_ok")
 
     # ================================================================ broker-initiated
+
+    # ================================================================ authorization
+
+    def set_permission(self, permission: Permission | None) -> None:
+        """Take the user's patterns on this connection's vhost (None: no access at all) and
+        forget what was checked under the old ones."""
+        self.permission = permission
+        self._allowed = {}
+        self._may_publish = set()
+        self._write_all = permission is not None and permission.write == FULL_PATTERN
+
+    def may(self, kind: str, name: str) -> bool:
+        """Whether the user may ``kind`` (configure, write, read) the resource ``name``.
+        Memoized per connection: a repeated check is one dict lookup."""
+        key = (kind, name)
+        allowed = self._allowed.get(key)
+        if allowed is None:
+            perm = self.permission
+            allowed = perm is not None and perm.allows(kind, name)
+            if len(self._allowed) >= MAX_PERMISSION_MEMO:
+                self._allowed.clear()
+                self._may_publish.clear()
+            self._allowed[key] = allowed
+        return allowed
+
+    def refusal(self, kind: str, resource: str, name: str) -> str:
+        """RabbitMQ's text for a refused check (without the ``ACCESS_REFUSED - `` prefix)."""
+        vhost = self.vhost.name if self.vhost is not None else ""
+        return (
+            f"{kind} access to {resource} '{name}' in vhost '{vhost}' refused for user "
+            f"'{self.user}'"
+        )
+
+    def check(self, kind: str, resource: str, name: str, method: MethodId) -> None:
+        """Raise 403 ACCESS_REFUSED (closing the channel) unless :meth:`may`. The default
+        exchange ``""`` is checked as ``amq.default``, as RabbitMQ does."""
+        if resource == "exchange" and not name:
+            name = DEFAULT_EXCHANGE_RESOURCE
+        if not self.may(kind, name):
+            raise ChannelError(ACCESS_REFUSED, self.refusal(kind, resource, name), method)
 
     def force_close(self, text: str = "broker shutdown") -> None:
         """Close with 320 CONNECTION_FORCED (shutdown, admin)."""

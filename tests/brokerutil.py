@@ -106,7 +106,7 @@ class BrokerThread:
         asyncio.set_event_loop(self.loop)
         try:
             self.running = self.loop.run_until_complete(
-                start_broker(self.config_path, host="127.0.0.1", port=0, **self.kw)
+                start_broker(self.config_path, **{"host": "127.0.0.1", "port": 0, **self.kw})
             )
         except BaseException as exc:  # reported by start()
             self._error = exc

@@ -21,7 +21,7 @@ def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerThread]]:
     started: list[BrokerThread] = []
 
     def start(vhost: str = "", *, config_path: Path | None = None, **kw: Any) -> BrokerThread:
-        broker_kw = {k: kw.pop(k) for k in ("clock",) if k in kw}
+        broker_kw = {k: kw.pop(k) for k in ("clock", "host") if k in kw}
         path = config_path or write_config(tmp_path, vhost, name=f"broker{len(started)}.xml", **kw)
         b = BrokerThread(path, **broker_kw).start()
         started.append(b)

@@ -167,7 +167,7 @@ class World:
         self.clock = ManualClock()
         self.broker = Broker(parse_config(CONFIG), clock=self.clock)
         self.transport = FakeTransport()
-        self.conn = Connection(self.broker, self.transport, "test")
+        self.conn = Connection(self.broker, self.transport, "127.0.0.1:40000")
 
     def feed(self, data: bytes) -> None:
         self.conn.data_received(data)

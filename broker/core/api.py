@@ -494,6 +494,16 @@ class BrokerAPI:
             conn.close(code, text)
         return True
 
+    def reauthorize(self, connection_id: str) -> bool:
+        """Give a connection its user's patterns on its vhost from the configuration in effect
+        (after a reload); what it checked before is forgotten. False if there is no such open
+        connection."""
+        conn = self._b.connections.get(connection_id)
+        if conn is None or conn.vhost is None:
+            return False
+        conn.set_permission(self._b.user_permission(conn.user, conn.vhost.name))
+        return True
+
     def queue_channels(self, vhost: str, queue: str) -> list[tuple[str, int]]:
         """``(connection_id, channel_id)`` of every open channel that consumes from the queue or
         polled it with basic.get."""

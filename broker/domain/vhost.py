@@ -338,8 +338,13 @@ class VirtualHost:
         arguments: dict[str, Any] | None = None,
         owner: str = "",
         subscription_type: str | None = None,
+        server_name: str = "",
     ) -> tuple[Queue, bool]:
-        """Declare (or find) a queue; returns ``(queue, created)``."""
+        """Declare (or find) a queue; returns ``(queue, created)``.
+
+        :param server_name: the ``amq.gen-`` name to give when ``name`` is empty (the session
+            makes it first, to check permissions on it); made here when not given.
+        """
         sig = QUEUE_DECLARE
         arguments = arguments or {}
         q = self.queues.get(name) if name else None
@@ -390,7 +395,7 @@ class VirtualHost:
                 ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix amq.*", sig
             )
         if not name:
-            name = "amq.gen-" + secrets.token_urlsafe(16)
+            name = server_name or "amq.gen-" + secrets.token_urlsafe(16)
         opts = queue_options(arguments)
         if subscription_type is not None and "subscription_type" not in opts:
             opts["subscription_type"] = subscription_type
