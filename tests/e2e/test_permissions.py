@@ -8,6 +8,8 @@ publisher confirms: one client's refusal never touches another.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import re
 import socket
@@ -22,12 +24,18 @@ import pika.exceptions
 import pytest
 from brokerutil import BrokerThread, drain_until, write_config
 
-from broker.config.users import hash_password
-
 pytestmark = pytest.mark.e2e
 
-#: bob's password, stored as RabbitMQ would store it (SHA-256, fixed salt: a known vector)
-BOB_HASH = hash_password("bob-pw", salt=b"\x0b\x0b\x0b\x0b")
+
+def rabbit_hash(password: str, salt: bytes, algorithm: str = "sha256") -> str:
+    """RabbitMQ's password hash, computed here independently of the broker's code."""
+    digest = hashlib.new(algorithm, salt + password.encode()).digest()
+    return base64.b64encode(salt + digest).decode()
+
+
+#: bob's password as RabbitMQ stores it (SHA-256 over a fixed salt: a known vector)
+BOB_HASH = rabbit_hash("bob-pw", b"\x0b\x0b\x0b\x0b")
+DAVE_HASH = rabbit_hash("dave-pw", b"\xde\xad\xbe\xef", "sha512")
 
 USERS = (
     '<user name="guest" password="guest" vhosts="/ other"/>'
@@ -37,6 +45,7 @@ USERS = (
     '<user name="carol" password="carol-pw">'
     '<permission vhost="/" configure="^(amq\\.gen.*|amq\\.default)$" '
     'write="^(amq\\.gen.*|amq\\.default)$" read="^amq\\.gen.*$"/></user>'
+    f'<user name="dave" passwordHash="{DAVE_HASH}" hashingAlgorithm="sha512" vhosts="/"/>'
 )
 
 
@@ -313,6 +322,10 @@ def test_hashed_password_login_with_each_client(acl: BrokerThread, bystander: By
     assert info.value.reply_text == text("configure", "queue", "alice-pika")
     pc.channel().queue_declare("bob-pika", passive=True)  # the connection stays usable
     pc.close()
+    # a SHA-512 hash (hashingAlgorithm="sha512")
+    login(acl, "dave", "dave-pw").close()
+    with pytest.raises(amqp.exceptions.AccessRefused):
+        login(acl, "dave", "bob-pw")
     # a wrong password is refused as RabbitMQ refuses it
     with pytest.raises(amqp.exceptions.AccessRefused) as refused_login:
         login(acl, "bob", "bob-pw2")
