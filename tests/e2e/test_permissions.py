@@ -380,7 +380,9 @@ def _own_address() -> str | None:
 
 
 def test_loopback_only_users_are_refused_from_another_address(
-    broker_factory: Callable[..., BrokerThread], caplog: pytest.LogCaptureFixture
+    broker_factory: Callable[..., BrokerThread],
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
     addr = _own_address()
     if addr is None:
@@ -389,6 +391,7 @@ def test_loopback_only_users_are_refused_from_another_address(
         '<user name="guest" password="guest"/>'
         '<user name="local" password="pw" loopbackOnly="true"/>'
         '<user name="remote" password="pw"/>'
+        '<user name="roamer" password="pw"/>'
     )
     b = broker_factory(users=users, host=addr)
     by = amqp.Connection(f"{addr}:{b.port}", userid="remote", password="pw", confirm_publish=True)
@@ -401,7 +404,7 @@ def test_loopback_only_users_are_refused_from_another_address(
                 conn = amqp.Connection(
                     f"{addr}:{b.port}",
                     userid=user,
-                    password=user and "guest" if user == "guest" else "pw",
+                    password="guest" if user == "guest" else "pw",
                 )
                 with pytest.raises(amqp.exceptions.AccessRefused) as info:
                     conn.connect()
@@ -414,6 +417,25 @@ def test_loopback_only_users_are_refused_from_another_address(
         ok = amqp.Connection(f"{addr}:{b.port}", userid="remote", password="pw")
         ok.connect()
         ok.close()
+        # a reload that makes a remotely connected user loopback-only closes its connection
+        roamer = amqp.Connection(f"{addr}:{b.port}", userid="roamer", password="pw")
+        roamer.connect()
+        roamer.channel().queue_declare("bystander", passive=True)
+        path = write_config(
+            tmp_path,
+            users=users.replace(
+                '"roamer" password="pw"', '"roamer" password="pw" loopbackOnly="1"'
+            ),
+            name="roamer.xml",
+            listen_host=addr,
+        )
+        assert b.running is not None and b.call(b.running.reload, path)
+        with pytest.raises(amqp.exceptions.ConnectionForced) as forced:
+            drain_until(roamer, lambda: False, timeout=3)
+        assert forced.value.reply_text == (
+            "CONNECTION_FORCED - user 'roamer' can now connect only via localhost"
+        )
+        by_ch.basic_publish(amqp.Message(b"x"), exchange="", routing_key="bystander")
     finally:
         by.close()
 
@@ -485,15 +507,22 @@ def test_reload_that_takes_the_vhost_away_closes_connections(
     bystander.publishes()
 
 
-def test_reload_that_changes_nothing_for_a_user_leaves_it_alone(
+def test_reload_that_changes_only_tags_or_password_leaves_the_user_alone(
     acl: BrokerThread, bystander: Bystander, tmp_path: Path
 ) -> None:
     conn = login(acl)
     try:
         ch = conn.channel()
         ch.basic_consume("bob-q", callback=lambda m: None)
-        _reload(acl, tmp_path, USERS)
+        new_hash = rabbit_hash("new-pw", b"\x01\x02\x03\x04")
+        changed = USERS.replace(
+            f'<user name="bob" passwordHash="{BOB_HASH}">',
+            f'<user name="bob" passwordHash="{new_hash}" tags="monitoring">',
+        )
+        assert changed != USERS
+        _reload(acl, tmp_path, changed)
         ch.basic_qos(0, 0, False)
+        assert acl.call(acl.broker.api.consumers, "/", "bob-q") != []
         assert ch.is_open
         bystander.publishes()
     finally:
