@@ -12,7 +12,6 @@ import base64
 import hashlib
 import logging
 import re
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,13 @@ import pika
 import pika.exceptions
 import pytest
 from brokerutil import BrokerThread, drain_until, write_config
+from rawclient import decode_method, method_frame, parse_frames
+
+from broker.app import Broker
+from broker.clock import ManualClock
+from broker.codec.frames import PROTOCOL_HEADER
+from broker.config import parse_config
+from broker.session import Connection
 
 pytestmark = pytest.mark.e2e
 
@@ -337,107 +343,109 @@ def test_hashed_password_login_with_each_client(acl: BrokerThread, bystander: By
 
 
 # ------------------------------------------------------------------------------- loopback-only
+# A real client can reach the broker here only over loopback (tests send nothing to any other
+# address), so the loopback rule is checked where the peer's address is read: a session fed
+# the client's frames over a fake transport whose peer is a documentation address (RFC 5737).
+# tests/core/test_api.py checks the same rule through the core API.
 
 
-def _interface_addresses() -> list[str]:
-    """IPv4 addresses of this machine's own interfaces (Linux ioctl; nothing is sent)."""
-    try:
-        import fcntl
-        import struct
-    except ImportError:  # not POSIX
-        return []
-    out: list[str] = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                req = struct.pack("256s", name.encode()[:15])
-                res = fcntl.ioctl(s.fileno(), 0x8915, req)  # SIOCGIFADDR
-            except OSError:
-                continue
-            out.append(socket.inet_ntoa(res[20:24]))
-    return out
+class _Wire:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = False
 
+    def write(self, data: bytes) -> None:
+        self.data += data
 
-def _own_address() -> str | None:
-    """A non-loopback address of this machine to listen on: the host name's, else one of
-    its interfaces'. Never an address of another machine."""
-    candidates: list[str] = []
-    try:
-        candidates.append(socket.gethostbyname(socket.gethostname()))
-    except OSError:
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
         pass
-    candidates.extend(_interface_addresses())
-    for addr in candidates:
-        if addr.startswith("127."):
-            continue
-        try:  # the address must be one this machine can listen on
-            with socket.socket() as s:
-                s.bind((addr, 0))
-        except OSError:
-            continue
-        return addr
-    return None
+
+    def resume_reading(self) -> None:
+        pass
+
+    def methods(self) -> list[tuple[str, tuple[Any, ...]]]:
+        frames, _ = parse_frames(bytes(self.data))
+        self.data.clear()
+        return [decode_method(payload) for ftype, _, payload in frames if ftype == 1]
 
 
-def test_loopback_only_users_are_refused_from_another_address(
-    broker_factory: Callable[..., BrokerThread],
-    caplog: pytest.LogCaptureFixture,
-    tmp_path: Path,
-) -> None:
-    addr = _own_address()
-    if addr is None:
-        pytest.skip("this machine has no non-loopback address of its own to listen on")
-    users = (
-        '<user name="guest" password="guest"/>'
-        '<user name="local" password="pw" loopbackOnly="true"/>'
-        '<user name="remote" password="pw"/>'
-        '<user name="roamer" password="pw"/>'
+_LOOPBACK_USERS = """<broker>
+  <users>
+    <user name="guest" password="guest"/>
+    <user name="local" password="pw" loopbackOnly="true"/>
+    <user name="remote" password="pw"/>
+  </users>
+  <virtualhost name="/"/>
+</broker>"""
+
+
+def _login(broker: Broker, peer: str, user: str, password: str) -> tuple[Connection, _Wire]:
+    wire = _Wire()
+    conn = Connection(broker, wire, peer)
+    response = f"\x00{user}\x00{password}".encode()
+    conn.data_received(
+        PROTOCOL_HEADER
+        + method_frame(
+            0,
+            "connection.start_ok",
+            {"capabilities": {"authentication_failure_close": True}},
+            "PLAIN",
+            response,
+            "en_US",
+        )
     )
-    b = broker_factory(users=users, host=addr)
-    by = amqp.Connection(f"{addr}:{b.port}", userid="remote", password="pw", confirm_publish=True)
-    by.connect()
-    by_ch = by.channel()
-    by_ch.queue_declare("bystander", auto_delete=False)
-    try:
-        for user in ("guest", "local"):
-            with caplog.at_level(logging.WARNING, logger="broker"):
-                conn = amqp.Connection(
-                    f"{addr}:{b.port}",
-                    userid=user,
-                    password="guest" if user == "guest" else "pw",
-                )
-                with pytest.raises(amqp.exceptions.AccessRefused) as info:
-                    conn.connect()
-            assert info.value.reply_text == (
-                "ACCESS_REFUSED - Login was refused using authentication mechanism AMQPLAIN. "
-                "For details see the broker logfile."
+    broker.end_of_turn()
+    return conn, wire
+
+
+@pytest.mark.parametrize("user", ["guest", "local"])
+def test_loopback_only_users_are_refused_from_another_address(
+    user: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker = Broker(parse_config(_LOOPBACK_USERS), clock=ManualClock())
+    password = "guest" if user == "guest" else "pw"
+    with caplog.at_level(logging.WARNING, logger="broker"):
+        _, wire = _login(broker, "192.0.2.7:40000", user, password)
+    closes = [args for name, args in wire.methods() if name == "connection.close"]
+    assert closes and closes[0][:2] == (
+        403,
+        "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. "
+        "For details see the broker logfile.",
+    )
+    assert f"user '{user}' can only connect via localhost" in caplog.text
+    # the same user from loopback, and another user from anywhere, are let in
+    for peer, who, pw in (("127.0.0.1:40001", user, password), ("192.0.2.7:40002", "remote", "pw")):
+        _, ok = _login(broker, peer, who, pw)
+        assert [name for name, _ in ok.methods()][-1] == "connection.tune"
+
+
+def test_a_reload_that_makes_a_remote_user_loopback_only_closes_its_connection() -> None:
+    broker = Broker(parse_config(_LOOPBACK_USERS), clock=ManualClock())
+    conn, wire = _login(broker, "192.0.2.7:40000", "remote", "pw")
+    conn.data_received(
+        method_frame(0, "connection.tune_ok", 0, 131072, 0)
+        + method_frame(0, "connection.open", "/", "", False)
+    )
+    broker.end_of_turn()
+    assert [name for name, _ in wire.methods()][-1] == "connection.open_ok"
+    _, stays_wire = _login(broker, "127.0.0.1:40001", "local", "pw")
+    broker.reload(
+        parse_config(
+            _LOOPBACK_USERS.replace(
+                '"remote" password="pw"', '"remote" password="pw" loopbackOnly="1"'
             )
-            assert f"user '{user}' can only connect via localhost" in caplog.text
-            by_ch.basic_publish(amqp.Message(b"x"), exchange="", routing_key="bystander")
-        ok = amqp.Connection(f"{addr}:{b.port}", userid="remote", password="pw")
-        ok.connect()
-        ok.close()
-        # a reload that makes a remotely connected user loopback-only closes its connection
-        roamer = amqp.Connection(f"{addr}:{b.port}", userid="roamer", password="pw")
-        roamer.connect()
-        roamer.channel().queue_declare("bystander", passive=True)
-        path = write_config(
-            tmp_path,
-            users=users.replace(
-                '"roamer" password="pw"', '"roamer" password="pw" loopbackOnly="1"'
-            ),
-            name="roamer.xml",
-            listen_host=addr,
         )
-        assert b.running is not None and b.call(b.running.reload, path)
-        with pytest.raises(amqp.exceptions.ConnectionForced) as forced:
-            drain_until(roamer, lambda: False, timeout=3)
-        assert forced.value.reply_text == (
-            "CONNECTION_FORCED - user 'roamer' can now connect only via localhost"
-        )
-        by_ch.basic_publish(amqp.Message(b"x"), exchange="", routing_key="bystander")
-    finally:
-        by.close()
+    )
+    broker.end_of_turn()
+    closes = [args for name, args in wire.methods() if name == "connection.close"]
+    assert closes and closes[0][:2] == (
+        320,
+        "CONNECTION_FORCED - user 'remote' can now connect only via localhost",
+    )
+    assert not [name for name, _ in stays_wire.methods() if name == "connection.close"]
 
 
 # ------------------------------------------------------------------------------- revocation
