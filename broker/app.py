@@ -224,6 +224,16 @@ class Broker:
             return f"user '{user}' - invalid credentials"
         return None
 
+    def external_login_refusal(self, user: str, peer_host: str | None = None) -> str | None:
+        """Why ``user``, the CN of a verified client certificate (EXTERNAL), may not log in
+        (None: it may). The certificate stands for the password; the rest is as for a login."""
+        u = self.config.users.get(user)
+        if u is None:
+            return f"user '{user}' (the client certificate's CN) is not a configured user"
+        if u.loopback_only and peer_host is not None and not is_loopback(peer_host):
+            return f"user '{user}' can only connect via localhost"
+        return None
+
     def may_access(self, user: str, vhost: str) -> bool:
         u = self.config.users.get(user)
         return u is not None and vhost in u.vhosts

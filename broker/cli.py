@@ -40,10 +40,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         install_signal_handlers(loop, stop.set, lambda: running.reload())
-        print(
-            f"plugbroker listening on {running.server.host}:{running.port} (config {path})",
-            flush=True,
-        )
+        where = f"{running.server.host}:{running.port}"
+        if running.tls_port is not None and running.server.plain:
+            where += f", amqps on port {running.tls_port}"
+        elif running.tls_port is not None:
+            where += " (amqps only)"
+        print(f"plugbroker listening on {where} (config {path})", flush=True)
         await stop.wait()
         log.info("shutting down")
         await running.stop()

@@ -28,7 +28,7 @@ from broker.config import (
     users,
 )
 from broker.core.recovery import recover
-from broker.server import Server
+from broker.server import Server, TLSListener
 from broker.store import Store
 
 log = logging.getLogger("broker")
@@ -70,6 +70,11 @@ class Running:
     @property
     def port(self) -> int:
         return self.server.port
+
+    @property
+    def tls_port(self) -> int | None:
+        """The amqps port (None without ``<tls>``)."""
+        return self.server.tls_port
 
     async def stop(self) -> None:
         if self.admin is not None:
@@ -151,11 +156,18 @@ async def start_broker(
         plugins.configure(config=config)
     plugins.verify_policies(config)
     warn_plain_passwords(config)
+    tls = tls_listener(config)  # before the store opens: a bad certificate stops the start here
     store = open_store(config)
     b = Broker(config, clock=clock, hooks=plugins, store=store)
     store.attach(b.clock, b.set_alarm)
     recover(store, b.vhosts, clock=b.clock, ids=b.ids)
-    server = Server(b, host or config.listen_host, port if port is not None else config.listen_port)
+    server = Server(
+        b,
+        host or config.listen_host,
+        port if port is not None else config.listen_port,
+        plain=config.listen_plain,
+        tls=tls,
+    )
     await server.start()
     running = Running(b, server, config, plugins, extras={"config_registry": registry})
     if plugins.startup is not None:
@@ -185,6 +197,22 @@ def warn_plain_passwords(config: BrokerConfig) -> None:
     users.warn_plain_passwords(
         ((u.name, u.password is not None) for u in config.users.values()),
         config.source or "the configuration",
+    )
+
+
+def tls_listener(config: BrokerConfig) -> TLSListener | None:
+    """The amqps listener ``<tls>`` asks for (its certificate files loaded now: a file that
+    does not load stops the start with a :class:`ConfigError`)."""
+    tls = config.tls
+    if tls is None:
+        return None
+    from broker.tls import server_context
+
+    return TLSListener(
+        server_context(tls),
+        tls.host or config.listen_host,
+        tls.port,
+        external=tls.verify_peer,
     )
 
 

@@ -367,10 +367,22 @@ class Channel:
 class Connection:
     """One client connection."""
 
-    def __init__(self, broker_: Broker, transport: Transport, peer: str) -> None:
+    def __init__(
+        self,
+        broker_: Broker,
+        transport: Transport,
+        peer: str,
+        *,
+        external: bool = False,
+        cert_user: str | None = None,
+    ) -> None:
         self.broker = broker_
         self.transport = transport
         self.peer = peer
+        #: offer the EXTERNAL mechanism (a TLS listener that verifies client certificates)
+        self.external = external
+        #: the CN of the client's verified certificate: who EXTERNAL logs in
+        self.cert_user = cert_user
         self.id = broker_.new_connection_id(peer)
         #: the peer's address without the port (``host:port`` or ``[v6]:port`` as given)
         self.peer_host = peer.rsplit(":", 1)[0].strip("[]") if ":" in peer else peer
@@ -750,7 +762,8 @@ class Connection:
             "capabilities": SERVER_CAPABILITIES,
             "cluster_name": self.broker.name,
         }
-        self.send(0, "connection.start", 0, 9, props, "PLAIN AMQPLAIN", "en_US")
+        mechanisms = "PLAIN AMQPLAIN EXTERNAL" if self.external else "PLAIN AMQPLAIN"
+        self.send(0, "connection.start", 0, 9, props, mechanisms, "en_US")
 
     def _client_close(self, m: ConnectionClose) -> None:
         if self.state is CLOSING:  # the client's close crossed ours
@@ -789,7 +802,10 @@ class Connection:
         caps = self.client_props.get("capabilities")
         self.client_caps = caps if isinstance(caps, dict) else {}
         user, password = self._credentials(mechanism, m.response)
-        refusal = self.broker.login_refusal(user, password, self.peer_host)
+        if password is None:  # EXTERNAL: the verified certificate vouches for the user
+            refusal = self.broker.external_login_refusal(user, self.peer_host)
+        else:
+            refusal = self.broker.login_refusal(user, password, self.peer_host)
         if refusal is not None:
             # the client learns no more than RabbitMQ tells it; the log says why
             text = (
@@ -811,7 +827,17 @@ class Connection:
         lim = self.broker.limits
         self.send(0, "connection.tune", lim.channel_max, lim.frame_max, int(lim.heartbeat))
 
-    def _credentials(self, mechanism: str, response: bytes) -> tuple[str, str]:
+    def _credentials(self, mechanism: str, response: bytes) -> tuple[str, str | None]:
+        """``(user, password)`` from start-ok's response; the password is None for EXTERNAL,
+        where the user is the CN of the client's verified certificate."""
+        if mechanism == "EXTERNAL" and self.external:
+            if self.cert_user is None:
+                raise ConnectionError_(
+                    ACCESS_REFUSED,
+                    "EXTERNAL login needs a client certificate with a CN",
+                    CONNECTION_START_OK,
+                )
+            return self.cert_user, None
         if mechanism == "PLAIN":
             parts = bytes(response).split(b"\x00")
             if len(parts) != 3:

@@ -41,6 +41,7 @@ from broker.config.model import (
     Limits,
     QueueConfig,
     Sections,
+    TlsConfig,
     TopicConfig,
     UnparsedSection,
     User,
@@ -184,6 +185,8 @@ class _Loader:
                             f"user {user.name!r} names virtualhost {vh_name!r}, which is "
                             f"not declared (declared: {', '.join(vhosts)})",
                         )
+        if "tls" in seen and "listen" not in seen:
+            values["listen_plain"] = False  # amqps only
         return BrokerConfig(
             source=source,
             users=frozen_map(users),
@@ -210,7 +213,42 @@ class _Loader:
         host = (el.get("host") or "127.0.0.1").strip()
         if not host:
             raise self.err(el, "attribute host: must not be empty")
-        values["admin"] = (host, int(el.get("port", "15672")))
+        port = int(el.get("port", "15672"))
+        values["admin"] = (host, port)
+        for child in children(el):  # the schema allows one <tls> and nothing else
+            values["admin_tls"] = self._tls_config(child, default_port=port)
+
+    def _tls(self, el: Any, values: dict[str, Any]) -> None:
+        values["tls"] = self._tls_config(el, default_port=5671)
+
+    def _tls_config(self, el: Any, *, default_port: int) -> TlsConfig:
+        verify = (el.get("verify") or "none").strip()
+        fail = (el.get("failIfNoPeerCert") or "false").strip() in XML_TRUE
+        ca = el.get("ca")
+        if verify == "peer" and not ca:
+            raise self.err(
+                el,
+                'attribute ca: verify="peer" checks client certificates against a CA; name '
+                "its certificate file",
+            )
+        if fail and verify != "peer":
+            raise self.err(
+                el,
+                'attribute failIfNoPeerCert: "true" needs verify="peer" (with verify="none" '
+                "no client certificate is asked for)",
+            )
+        host = el.get("host")
+        if host is not None and not host.strip():
+            raise self.err(el, "attribute host: must not be empty")
+        return TlsConfig(
+            port=int(el.get("port", str(default_port))),
+            cert=Path(el.get("cert")),
+            key=Path(el.get("key")),
+            ca=Path(ca) if ca else None,
+            verify=verify,
+            fail_if_no_peer_cert=fail,
+            host=host.strip() if host is not None else None,
+        )
 
     def _users(self, el: Any, values: dict[str, Any]) -> None:
         users: dict[str, User] = {}

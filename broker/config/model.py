@@ -44,6 +44,7 @@ __all__ = [
     "QueueConfig",
     "ResolvedPolicy",
     "Sections",
+    "TlsConfig",
     "TopicConfig",
     "TopicMatcher",
     "UnparsedSection",
@@ -117,6 +118,43 @@ class User:
         perms = "; ".join(f"{vh}: {p.describe()}" for vh, p in self.permissions.items())
         parts.append(f"({perms or 'no vhost'})")
         return " ".join(parts)
+
+
+#: the values of ``<tls verify>``: no client certificate asked for, or one asked for and checked
+TLS_VERIFY: tuple[str, ...] = ("none", "peer")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """A ``<tls>`` element: a TLS listener (amqps under ``<broker>``, https under ``<admin>``).
+
+    ``verify="peer"`` asks the client for a certificate and checks it against ``ca``; with
+    ``fail_if_no_peer_cert`` a client without one is refused during the handshake, otherwise it
+    may still log in with a password. Only a listener with ``verify="peer"`` offers the
+    EXTERNAL login mechanism (the user is the certificate's CN).
+    """
+
+    port: int
+    cert: Path
+    key: Path
+    ca: Path | None = None
+    verify: str = "none"
+    fail_if_no_peer_cert: bool = False
+    #: the address to listen on; None: the plain listener's (``<listen host>``, ``<admin host>``)
+    host: str | None = None
+
+    @property
+    def verify_peer(self) -> bool:
+        return self.verify == "peer"
+
+    def describe(self, scheme: str, default_host: str) -> str:
+        peer = "none"
+        if self.verify_peer:
+            peer = "peer, required" if self.fail_if_no_peer_cert else "peer, optional"
+        return (
+            f"{scheme}://{self.host or default_host}:{self.port} (cert {self.cert}, key "
+            f"{self.key}, ca {self.ca if self.ca is not None else '(none)'}, verify {peer})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,6 +486,10 @@ class BrokerConfig:
     source: Path | None = None
     listen_host: str = "127.0.0.1"
     listen_port: int = 5672
+    #: False when the file has a ``<tls>`` listener and no ``<listen>``: amqps only
+    listen_plain: bool = True
+    #: ``<tls>`` under ``<broker>``: the amqps listener, beside the plain one
+    tls: TlsConfig | None = None
     store_path: Path | None = None
     #: ``normal`` (survives kill -9) or ``full`` (also survives power loss); see durability.md
     store_sync: str = "normal"
@@ -462,6 +504,8 @@ class BrokerConfig:
     journal_path: Path | None = None
     #: ``(host, port)`` of the admin HTTP interface, or None when ``<admin>`` is absent
     admin: tuple[str, int] | None = None
+    #: ``<tls>`` under ``<admin>``: the admin interface speaks HTTPS (only) on its ``port``
+    admin_tls: TlsConfig | None = None
     limits: Limits = field(default_factory=Limits)
     vhosts: Mapping[str, VhostConfig] = field(default_factory=_default_vhosts)
     #: broker-level plugin elements, by element name -> what the plugin's parser returned
@@ -475,12 +519,19 @@ class BrokerConfig:
         out: list[str] = []
         origin = self.source if self.source is not None else "(built-in defaults)"
         out.append(f"config {origin}: valid")
-        out.append(f"listen {self.listen_host}:{self.listen_port}")
+        out.append(
+            f"listen {self.listen_host}:{self.listen_port}" if self.listen_plain else "listen off"
+        )
+        if self.tls is not None:
+            out.append(f"tls {self.tls.describe('amqps', self.listen_host)}")
         out.append(f"store {self.store_path if self.store_path is not None else '(none)'}")
         out.append(f"journal {self.journal_path if self.journal_path is not None else 'off'}")
-        out.append(
-            f"admin {'http://{}:{}'.format(*self.admin) if self.admin is not None else 'off'}"
-        )
+        if self.admin is None:
+            out.append("admin off")
+        elif self.admin_tls is not None:
+            out.append(f"admin {self.admin_tls.describe('https', self.admin[0])}")
+        else:
+            out.append("admin http://{}:{}".format(*self.admin))
         out.append(
             f"housekeeping {self.housekeeping_threads} threads, every "
             f"{format_duration(self.housekeeping_period)}"

@@ -63,6 +63,7 @@ BROKER_SINGLETONS: tuple[str, ...] = (
     "journal",
     "limits",
     "admin",
+    "tls",
 )
 #: every core element directly under ``<broker>``
 BROKER_CHILDREN: tuple[str, ...] = (*BROKER_SINGLETONS, "virtualhost")
