@@ -1,10 +1,10 @@
 """The admin interface: a small HTTP API for operators and a Prometheus metrics endpoint.
 
-Enabled by ``<admin host="127.0.0.1" port="15672"/>``. It runs on the standard library's
-``ThreadingHTTPServer`` in a thread of its own; every read and every change runs on the broker's
-event loop through :meth:`broker.core.api.BrokerAPI.call_on_loop`, and uses only the core API,
-so it sees a consistent state and never races the loop. Requests authenticate with HTTP Basic as
-a configured broker user.
+Enabled by ``<admin host="127.0.0.1" port="15672"/>`` (HTTPS with a ``<tls>`` child). This
+module holds the operations (:class:`Admin`, on the core API only) and the metrics text;
+:mod:`broker.admin_http` serves them with aiohttp on the broker's event loop, so every read and
+every change runs on the loop, sees a consistent state and never races it. Requests
+authenticate with HTTP Basic as a configured broker user.
 
 ==========================================  ================================================
 ``GET  /api/overview``                      version, connections, queues, messages, alarm
@@ -24,14 +24,9 @@ Vhost names in paths are URL-encoded (``/`` is ``%2F``), as in RabbitMQ's manage
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from broker.core.api import BrokerAPI, ConsumerInfo, NotFound, QueueInfo
 
@@ -120,7 +115,8 @@ def _jsonable(v: Any) -> Any:
 
 
 class Admin:
-    """The operations behind the HTTP API, on the core API; each runs on the broker's loop."""
+    """The operations behind the HTTP API, on the core API; each runs on the broker's loop
+    (called there by the admin server; from another thread, :meth:`on_loop` hops over)."""
 
     def __init__(self, api: BrokerAPI, reloader: Reloader) -> None:
         self.api = api
@@ -234,8 +230,9 @@ class Admin:
 
         return self.on_loop(run)
 
-    def reload(self) -> dict[str, Any]:
-        cfg = self.reloader.prepare_reload()  # file I/O and parsing here, off the loop
+    def reload(self, cfg: BrokerConfig | None) -> dict[str, Any]:
+        """Put ``cfg`` in effect: a configuration ``Reloader.prepare_reload`` read and
+        validated off the loop (None: it did not validate, and the running one stays)."""
         if cfg is None:
             raise AdminError(
                 400,
@@ -358,119 +355,3 @@ def prometheus_text(api: BrokerAPI) -> str:
         [("", int(api.alarm is not None))],
     )
     return "\n".join(lines) + "\n"
-
-
-# ------------------------------------------------------------------------ HTTP
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _authorized(self) -> bool:
-        header = self.headers.get("Authorization", "")
-        if not header.startswith("Basic "):
-            return False
-        try:
-            user, _, password = base64.b64decode(header[6:]).decode().partition(":")
-        except Exception:
-            return False
-        return self.server.admin.api.authenticate(user, password)
-
-    def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
-        data = (body if isinstance(body, str) else json.dumps(body, indent=1)).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        if status == 401:
-            self.send_header("WWW-Authenticate", 'Basic realm="plugbroker"')
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _route(self, method: str) -> None:
-        if not self._authorized():
-            self._send(401, {"error": "authentication required (HTTP Basic, a broker user)"})
-            return
-        url = urlsplit(self.path)
-        parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
-        query = parse_qs(url.query)
-        admin = self.server.admin
-        try:
-            if method == "GET" and parts == ["metrics"]:
-                self._send(200, admin.metrics(), "text/plain; version=0.0.4")
-                return
-            result = self._dispatch(method, parts, query)
-        except AdminError as exc:
-            self._send(exc.status, {"error": exc.message})
-            return
-        except Exception as exc:
-            log.exception("admin request %s %s failed", method, self.path)
-            self._send(500, {"error": f"{type(exc).__name__}: {exc}"})
-            return
-        self._send(200, result)
-
-    def _dispatch(self, method: str, parts: list[str], query: dict[str, list[str]]) -> Any:
-        admin = self.server.admin
-        if method == "GET":
-            simple = {
-                ("api", "overview"): admin.overview,
-                ("api", "queues"): admin.queues,
-                ("api", "consumers"): admin.consumers,
-                ("api", "connections"): admin.connections,
-                ("api", "dead-letters"): admin.dead_letters,
-                ("api", "blocklist"): lambda: admin.consumers(isolated_only=True),
-            }
-            fn: Callable[[], Any] | None = (
-                simple.get((parts[0], parts[1])) if len(parts) == 2 else None
-            )
-            if fn is not None:
-                return fn()
-            if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "messages":
-                limit = int(query.get("limit", ["20"])[0])
-                return admin.messages(parts[2], parts[3], limit)
-        if method == "POST":
-            if parts == ["api", "reload"]:
-                return admin.reload()
-            if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "redrive":
-                most = query.get("limit")
-                return admin.redrive(parts[2], parts[3], int(most[0]) if most else None)
-        raise AdminError(404, f"no such endpoint: {method} /{'/'.join(parts)}")
-
-    def do_GET(self) -> None:
-        self._route("GET")
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(min(length, 1 << 20))
-        self._route("POST")
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    admin: Admin
-
-
-class AdminServer:
-    """Serves :class:`Admin` over HTTP on ``host:port`` from a thread of its own."""
-
-    def __init__(self, api: BrokerAPI, reloader: Reloader, host: str, port: int) -> None:
-        self.admin = Admin(api, reloader)
-        self._httpd = _Server((host, port), _Handler)
-        self._httpd.admin = self.admin
-        self.host = host
-        self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="admin", daemon=True)
-
-    def start(self) -> AdminServer:
-        self._thread.start()
-        log.info("admin interface on http://%s:%d", self.host, self.port)
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(5)

@@ -129,8 +129,13 @@ def cmd_admin(args: argparse.Namespace) -> int:
     )
     token = base64.b64encode(f"{args.user}:{args.password}".encode()).decode()
     req.add_header("Authorization", f"Basic {token}")
+    context = None
+    if args.cacert:  # https with a private CA (the broker's <admin><tls>)
+        import ssl
+
+        context = ssl.create_default_context(cafile=args.cacert)
     try:
-        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+        with urllib.request.urlopen(req, timeout=args.timeout, context=context) as resp:
             body = resp.read().decode()
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
@@ -175,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--user", default="guest")
     a.add_argument("--password", default="guest")
     a.add_argument("--timeout", type=float, default=10.0)
+    a.add_argument(
+        "--cacert", help="PEM file of the CA that signed the admin server's certificate (https)"
+    )
     a.set_defaults(func=cmd_admin)
     from broker.analyze.cli import add_subparsers as add_analyze
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ class Running:
 
     async def stop(self) -> None:
         if self.admin is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.admin.stop)
+            await self.admin.stop()
         if self.housekeeping is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.housekeeping.stop)
         await self.server.stop()
@@ -156,7 +157,9 @@ async def start_broker(
         plugins.configure(config=config)
     plugins.verify_policies(config)
     warn_plain_passwords(config)
-    tls = tls_listener(config)  # before the store opens: a bad certificate stops the start here
+    # certificates load before the store opens: a file that does not load stops the start here
+    tls = tls_listener(config)
+    admin_ctx = admin_ssl_context(config)
     store = open_store(config)
     b = Broker(config, clock=clock, hooks=plugins, store=store)
     store.attach(b.clock, b.set_alarm)
@@ -186,9 +189,7 @@ async def start_broker(
         hk.start()
         running.housekeeping = hk
     if config.admin is not None:
-        from broker.admin import AdminServer
-
-        running.admin = AdminServer(b.api, running, *config.admin).start()
+        running.admin = await start_admin(b, running, config, admin_ctx)
     return running
 
 
@@ -198,6 +199,33 @@ def warn_plain_passwords(config: BrokerConfig) -> None:
         ((u.name, u.password is not None) for u in config.users.values()),
         config.source or "the configuration",
     )
+
+
+def admin_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """The context of ``<admin><tls>`` (None: plain HTTP, or no admin interface)."""
+    if config.admin is None or config.admin_tls is None:
+        return None
+    from broker.tls import server_context
+
+    return server_context(config.admin_tls, where="admin/tls")
+
+
+async def start_admin(
+    b: Broker, running: Running, config: BrokerConfig, ctx: ssl.SSLContext | None
+) -> Any:
+    """The admin server ``<admin>`` asks for (HTTPS with ``ctx``), on this loop."""
+    from broker.admin_http import AdminServer
+
+    assert config.admin is not None
+    host, port = config.admin
+    tls = config.admin_tls
+    if tls is not None:
+        host, port = tls.host or host, tls.port
+    try:
+        return await AdminServer(b.api, running, host, port, ssl_context=ctx).start()
+    except BaseException:
+        await running.stop()  # the AMQP listeners are up: close them before giving up
+        raise
 
 
 def tls_listener(config: BrokerConfig) -> TLSListener | None:

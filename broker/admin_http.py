@@ -1,0 +1,322 @@
+"""The admin interface over HTTP(S): aiohttp's server on the broker's own event loop.
+
+:class:`AdminServer` listens on ``<admin host port>`` (HTTPS when ``<admin>`` has a ``<tls>``
+child) and answers the paths listed in :mod:`broker.admin` with :class:`broker.admin.Admin`'s
+operations, which run on the loop directly: a request never waits for another thread, and a
+reload reads its file in the loop's executor so the loop never blocks on disk.
+
+What keeps one client from hurting the others (:class:`HttpLimits`):
+
+* the request line and headers must arrive within ``header_timeout`` of the connection opening
+  or of the previous response (aiohttp's keep-alive timer, armed from the first byte), so an
+  idle or trickling socket is closed;
+* a body must arrive within ``body_timeout`` (408) and be at most ``max_body`` bytes (413);
+* at most ``max_connections`` sockets are served; one more is answered 503 and closed;
+* a request line, a header or a parameter the server cannot parse is a 400, as JSON.
+
+Every answer the API gives is JSON (``{"error": ...}`` for errors), except ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_protocol import RequestHandler
+
+from broker.admin import Admin, AdminError, Reloader
+from broker.core.api import BrokerAPI
+
+log = logging.getLogger("broker.admin")
+
+__all__ = ["AdminServer", "HttpLimits"]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """Bounds on what one admin client may hold (seconds, bytes, sockets)."""
+
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    max_body: int = 1 << 20
+    max_connections: int = 64
+    #: how long a stop waits for requests in progress
+    shutdown_timeout: float = 5.0
+
+
+def _json(status: int, body: Any, *, close: bool = False) -> web.Response:
+    resp = web.Response(
+        status=status,
+        text=json.dumps(body, indent=1),
+        content_type="application/json",
+    )
+    if status == 401:
+        resp.headers["WWW-Authenticate"] = 'Basic realm="plugbroker"'
+    if close:
+        resp.force_close()
+    return resp
+
+
+class _Handler(RequestHandler):
+    """aiohttp's per-connection protocol, with errors it raises itself answered as JSON."""
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            log.error("admin: error serving %s", request.remote, exc_info=exc)
+            text = "internal error (see the broker's log)"
+        else:
+            reason = str(getattr(exc, "message", None) or exc or message or "bad request")
+            log.warning("admin: bad request from %s: %d %s", request.remote, status, reason)
+            text = f"bad request: {reason}"
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send the error")
+        return _json(status, {"error": text}, close=True)
+
+
+class _AccessLog(AbstractAccessLogger):
+    """One debug line per request (the admin API is not a web site to keep access logs of)."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.debug(
+            "%s %s %s -> %d in %.1f ms",
+            request.remote,
+            request.method,
+            request.path_qs,
+            response.status,
+            time * 1000,
+        )
+
+
+class _Busy(asyncio.Protocol):
+    """A socket over the connection bound: a 503, our side shut, then closed once the client
+    has had a moment to read it (closing with its request unread would reset the answer)."""
+
+    BODY = b'{"error": "too many admin connections; try again later"}'
+    LINGER = 1.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nRetry-After: 1\r\nContent-Length: "
+            + str(len(self.BODY)).encode()
+            + b"\r\n\r\n"
+            + self.BODY
+        )
+        if transport.can_write_eof():
+            transport.write_eof()
+        asyncio.get_running_loop().call_later(self.LINGER, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the request is not read
+
+    def eof_received(self) -> bool | None:
+        return None  # the client is done: close
+
+
+Route = Callable[[web.BaseRequest, list[str], dict[str, list[str]]], Awaitable[web.Response]]
+
+
+class AdminServer:
+    """Serves :class:`Admin` over HTTP, or HTTPS with ``ssl_context``, on the running loop."""
+
+    def __init__(
+        self,
+        api: BrokerAPI,
+        reloader: Reloader,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        limits: HttpLimits | None = None,
+    ) -> None:
+        self.admin = Admin(api, reloader)
+        self.api = api
+        self.reloader = reloader
+        self.host = host
+        self.port = port
+        self.ssl_context = ssl_context
+        self.limits = limits or HttpLimits()
+        self.scheme = "https" if ssl_context is not None else "http"
+        self._web: web.Server | None = None
+        self._listener: asyncio.base_events.Server | None = None
+        self._busy_logged = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> AdminServer:
+        loop = asyncio.get_running_loop()
+        self._web = web.Server(self._handle, handler_cancellation=True)
+        self._listener = await loop.create_server(
+            self._protocol,
+            self.host,
+            self.port,
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=self.limits.header_timeout if self.ssl_context else None,
+            reuse_address=True,
+        )
+        self.port = self._listener.sockets[0].getsockname()[1]
+        log.info("admin interface on %s://%s:%d", self.scheme, self.host, self.port)
+        return self
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self._web is not None:
+            self._web.pre_shutdown()
+            await self._web.shutdown(self.limits.shutdown_timeout)
+        if self._listener is not None:
+            await self._listener.wait_closed()
+        self._listener = self._web = None
+
+    @property
+    def connections(self) -> int:
+        """Admin sockets being served now."""
+        return len(self._web.connections) if self._web is not None else 0
+
+    def _protocol(self) -> asyncio.BaseProtocol:
+        server = self._web
+        assert server is not None
+        lim = self.limits
+        if self.connections >= lim.max_connections:
+            if not self._busy_logged:
+                log.warning(
+                    "admin: %d connections open, the bound; refusing more (503) until one closes",
+                    lim.max_connections,
+                )
+                self._busy_logged = True
+            return _Busy()
+        self._busy_logged = False
+        return _Handler(
+            server,
+            loop=asyncio.get_running_loop(),
+            keepalive_timeout=lim.header_timeout,
+            access_log=log,
+            access_log_class=_AccessLog,
+            max_line_size=8190,
+            max_field_size=8190,
+            max_headers=64,
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.method not in ("GET", "POST"):
+            return _json(405, {"error": f"method {request.method} is not allowed"})
+        try:
+            await asyncio.wait_for(self._read_body(request), self.limits.body_timeout)
+        except TimeoutError:
+            log.warning("admin: request body from %s did not arrive in time", request.remote)
+            return _json(408, {"error": "request body did not arrive in time"}, close=True)
+        except web.HTTPRequestEntityTooLarge:
+            return _json(
+                413, {"error": f"request body over {self.limits.max_body} bytes"}, close=True
+            )
+        if not self._authorized(request):
+            return _json(401, {"error": "authentication required (HTTP Basic, a broker user)"})
+        url = urlsplit(request.raw_path)
+        parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
+        try:
+            query = parse_qs(url.query, strict_parsing=False)
+            return await self._dispatch(request.method, parts, query)
+        except AdminError as exc:
+            return _json(exc.status, {"error": exc.message})
+        except Exception as exc:
+            log.exception("admin request %s %s failed", request.method, request.raw_path)
+            return _json(500, {"error": f"{type(exc).__name__}: {exc}"})
+
+    async def _read_body(self, request: web.BaseRequest) -> None:
+        if not request.can_read_body:
+            return
+        n = 0
+        async for chunk in request.content.iter_chunked(65536):
+            n += len(chunk)
+            if n > self.limits.max_body:
+                raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body, actual_size=n)
+
+    def _authorized(self, request: web.BaseRequest) -> bool:
+        header = request.headers.get("Authorization", "")
+        if not header.startswith("Basic "):
+            return False
+        try:
+            raw = base64.b64decode(header[6:], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        user, _, password = raw.partition(":")
+        return self.api.authenticate(user, password)
+
+    async def _dispatch(
+        self, method: str, parts: list[str], query: dict[str, list[str]]
+    ) -> web.Response:
+        admin = self.admin
+        if method == "GET":
+            if parts == ["metrics"]:
+                return web.Response(
+                    body=admin.metrics().encode(),
+                    headers={"Content-Type": "text/plain; version=0.0.4"},
+                )
+            simple: dict[tuple[str, ...], Callable[[], Any]] = {
+                ("api", "overview"): admin.overview,
+                ("api", "queues"): admin.queues,
+                ("api", "consumers"): admin.consumers,
+                ("api", "connections"): admin.connections,
+                ("api", "dead-letters"): admin.dead_letters,
+                ("api", "blocklist"): lambda: admin.consumers(isolated_only=True),
+            }
+            fn = simple.get(tuple(parts))
+            if fn is not None:
+                return _json(200, fn())
+            if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "messages":
+                limit = _int_param(query, "limit", 20, minimum=0, maximum=10_000)
+                assert limit is not None
+                return _json(200, admin.messages(parts[2], parts[3], limit))
+        if method == "POST":
+            if parts == ["api", "reload"]:
+                loop = asyncio.get_running_loop()
+                # the file is read and validated in the executor, put in effect on the loop
+                cfg = await loop.run_in_executor(None, self.reloader.prepare_reload)
+                return _json(200, admin.reload(cfg))
+            if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "redrive":
+                most = _int_param(query, "limit", None, minimum=0)
+                return _json(200, admin.redrive(parts[2], parts[3], most))
+        raise AdminError(404, f"no such endpoint: {method} /{'/'.join(parts)}")
+
+
+def _int_param(
+    query: dict[str, list[str]],
+    name: str,
+    default: int | None,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int | None:
+    """An integer query parameter, or a 400 that says what was wrong."""
+    values = query.get(name)
+    if not values:
+        return default
+    raw = values[0]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise AdminError(400, f"parameter {name}: {raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise AdminError(400, f"parameter {name}: {value} is below {minimum}")
+    if maximum is not None and value > maximum:
+        raise AdminError(400, f"parameter {name}: {value} is above {maximum}")
+    return value

@@ -1,0 +1,224 @@
+"""The admin server itself: JSON errors, bad parameters, timeouts, the connection bound, HTTPS."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import trustme
+
+from broker.admin_http import AdminServer, HttpLimits
+from broker.cli import main as cli
+
+pytestmark = pytest.mark.e2e
+
+AUTH = "Basic " + base64.b64encode(b"guest:guest").decode()
+
+
+def raw(port: int, request: bytes, timeout: float = 5.0) -> bytes:
+    """Send ``request`` as is; everything the server answers until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        chunks = []
+        while True:
+            try:
+                data = s.recv(65536)
+            except TimeoutError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+            if b"\r\n\r\n" in b"".join(chunks) and b"Connection: close" not in chunks[0]:
+                # keep-alive answers: stop once the body is complete
+                head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        if len(body) >= int(line.split(b":")[1]):
+                            return b"".join(chunks)
+    return b"".join(chunks)
+
+
+def status_and_json(answer: bytes) -> tuple[int, dict]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(head.split(b" ")[1])
+    assert b"application/json" in head, head
+    return status, json.loads(body)
+
+
+def get(port: int, path: str, *, scheme: str = "http", context=None):
+    req = urllib.request.Request(f"{scheme}://127.0.0.1:{port}{path}")
+    req.add_header("Authorization", AUTH)
+    with urllib.request.urlopen(req, timeout=5, context=context) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture
+def admin_port(broker_factory) -> int:
+    b = broker_factory(admin=True)
+    return b.running.admin.port
+
+
+def test_a_parameter_that_is_no_integer_is_a_400_in_json(admin_port: int) -> None:
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get(admin_port, "/api/queues/%2F/q/messages?limit=abc")
+    assert err.value.code == 400
+    assert json.loads(err.value.read()) == {"error": "parameter limit: 'abc' is not an integer"}
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get(admin_port, "/api/queues/%2F/q/messages?limit=-1")
+    assert err.value.code == 400
+
+
+def test_a_negative_content_length_is_a_400_in_json(admin_port: int) -> None:
+    answer = raw(
+        admin_port,
+        b"POST /api/reload HTTP/1.1\r\nHost: x\r\nAuthorization: "
+        + AUTH.encode()
+        + b"\r\nContent-Length: -1\r\n\r\n",
+    )
+    status, body = status_and_json(answer)
+    assert status == 400 and body["error"].startswith("bad request")
+
+
+def test_a_bad_request_line_is_a_400_in_json(admin_port: int) -> None:
+    status, body = status_and_json(raw(admin_port, b"NOT HTTP AT ALL\r\n\r\n"))
+    assert status == 400 and "error" in body
+
+
+def test_unknown_paths_and_methods_answer_json(admin_port: int) -> None:
+    head = b"Host: x\r\nAuthorization: " + AUTH.encode() + b"\r\nConnection: close\r\n\r\n"
+    status, body = status_and_json(raw(admin_port, b"GET /api/nothing HTTP/1.1\r\n" + head))
+    assert status == 404 and body == {"error": "no such endpoint: GET /api/nothing"}
+    status, body = status_and_json(raw(admin_port, b"DELETE /api/queues HTTP/1.1\r\n" + head))
+    assert status == 405 and "DELETE" in body["error"]
+    status, body = status_and_json(
+        raw(admin_port, b"GET /api/overview HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    )
+    assert status == 401 and "authentication required" in body["error"]
+
+
+def test_the_cli_reads_through_the_server(admin_port: int, capsys) -> None:
+    url = f"http://127.0.0.1:{admin_port}"
+    assert cli(["admin", "overview", "--url", url]) == 0
+    assert json.loads(capsys.readouterr().out)["product"] == "plugbroker"
+
+
+# ------------------------------------------------------------------ limits
+
+
+@pytest.fixture
+def limited(broker_factory):
+    """An admin server with small limits, on a broker's loop."""
+    b = broker_factory()
+    servers: list[AdminServer] = []
+
+    def start(**limits: float) -> AdminServer:
+        srv = AdminServer(
+            b.broker.api,
+            b.running,
+            "127.0.0.1",
+            0,
+            limits=HttpLimits(**limits),  # type: ignore[arg-type]
+        )
+        asyncio.run_coroutine_threadsafe(srv.start(), b.loop).result(5)
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        asyncio.run_coroutine_threadsafe(srv.stop(), b.loop).result(10)
+
+
+def test_headers_that_never_end_are_cut_off(limited) -> None:
+    srv = limited(header_timeout=0.3)
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+        s.sendall(b"GET /api/overview HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        assert s.recv(100) == b""
+    assert time.monotonic() - t0 < 3
+
+
+def test_an_idle_socket_is_closed(limited) -> None:
+    srv = limited(header_timeout=0.3)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+        assert s.recv(100) == b""
+
+
+def test_a_body_that_never_comes_is_a_408(limited) -> None:
+    srv = limited(body_timeout=0.3)
+    answer = raw(
+        srv.port,
+        b"POST /api/reload HTTP/1.1\r\nHost: x\r\nAuthorization: "
+        + AUTH.encode()
+        + b"\r\nContent-Length: 100\r\n\r\nonly a little",
+    )
+    status, body = status_and_json(answer)
+    assert status == 408 and "did not arrive" in body["error"]
+
+
+def test_a_body_over_the_bound_is_a_413(limited) -> None:
+    srv = limited(max_body=1000)
+    answer = raw(
+        srv.port,
+        b"POST /api/reload HTTP/1.1\r\nHost: x\r\nAuthorization: "
+        + AUTH.encode()
+        + b"\r\nContent-Length: 5000\r\n\r\n"
+        + b"x" * 5000,
+    )
+    status, body = status_and_json(answer)
+    assert status == 413 and "over 1000 bytes" in body["error"]
+
+
+def test_connections_over_the_bound_get_503_and_the_rest_are_served(limited) -> None:
+    srv = limited(max_connections=3)
+    idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 3
+        while srv.connections < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, body = status_and_json(raw(srv.port, b"GET /api/overview HTTP/1.1\r\n\r\n"))
+        assert status == 503 and "too many" in body["error"]
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 3
+    while srv.connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert get(srv.port, "/api/overview")["product"] == "plugbroker"
+
+
+# ------------------------------------------------------------------ https
+
+
+def test_https_admin(broker_factory, tmp_path: Path, capsys) -> None:
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "admin.key"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "admin.pem"))
+    b = broker_factory(admin=True)
+    path = b.running.config.source
+    text = path.read_text().replace(
+        '<admin host="127.0.0.1" port="0"/>',
+        f'<admin host="127.0.0.1" port="0"><tls cert="{tmp_path / "admin.pem"}" '
+        f'key="{tmp_path / "admin.key"}"/></admin>',
+    )
+    path.write_text(text)
+    b2 = broker_factory(config_path=path)
+    srv = b2.running.admin
+    assert srv.scheme == "https"
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    assert get(srv.port, "/api/overview", scheme="https", context=ctx)["product"] == "plugbroker"
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP: no answer
+        get(srv.port, "/api/overview")
+    url = f"https://127.0.0.1:{srv.port}"
+    assert cli(["admin", "queues", "--url", url, "--cacert", str(tmp_path / "ca.pem")]) == 0
+    assert isinstance(json.loads(capsys.readouterr().out), list)
+    assert cli(["admin", "queues", "--url", url]) == 1  # our CA is not the system's
