@@ -18,8 +18,13 @@ phase. Without ``--url`` the script starts plugbroker itself (``python3 -m broke
 port with a temporary config whose housekeeping section is the default one) and knows its pid;
 with ``--url`` pass ``--broker-pid`` (e.g. RabbitMQ's ``beam.smp``) to get the CPU column.
 
+``--tls`` runs every phase twice in the same run against the same broker process: over plain
+AMQP and over amqps (the broker gets a ``<tls>`` listener with a certificate made by ``trustme``;
+the clients verify it), so the two rows compare TLS with plaintext on equal terms. An
+``amqps://`` ``--url`` takes the CA file as ``?cacert=PATH``.
+
 Run: ``python3 bench/throughput.py [--url URL] [--broker-pid PID] [--size 64 1024]
-[--count N] [--mode publish|publish-confirm|consume|pubsub|all]``.
+[--count N] [--mode publish|publish-confirm|consume|pubsub|all] [--tls]``.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import amqp
 
@@ -48,6 +53,7 @@ PHASE_LIMIT = 180.0  # seconds; a phase that takes longer is cut short and marke
 CONFIG = r"""<?xml version="1.0" encoding="UTF-8"?>
 <broker>
   <listen host="127.0.0.1" port="0"/>
+  {tls}
   <store path="{store}"/>
   <users>
     <user name="guest" password="guest" vhosts="/"/>
@@ -91,7 +97,9 @@ def free_port() -> int:
 class OwnBroker:
     """plugbroker in a subprocess on a free loopback port."""
 
-    def __init__(self, plugins: list[str] | None = None, user: str = "guest") -> None:
+    def __init__(
+        self, plugins: list[str] | None = None, user: str = "guest", *, tls: bool = False
+    ) -> None:
         self.user = user
         self.tmp = Path(tempfile.mkdtemp(prefix="plugbroker-bench-"))
         self.config = self.tmp / "bench.xml"
@@ -100,7 +108,24 @@ class OwnBroker:
             if plugins
             else ""
         )
-        self.config.write_text(CONFIG.format(store=self.tmp / "store", plugins=plugin_xml))
+        tls_xml = ""
+        self.tls_port: int | None = None
+        if tls:
+            import trustme  # the test extra
+
+            ca = trustme.CA()
+            ca.cert_pem.write_to_path(str(self.tmp / "ca.pem"))
+            cert = ca.issue_cert("127.0.0.1")
+            cert.private_key_pem.write_to_path(str(self.tmp / "server.key"))
+            cert.cert_chain_pems[0].write_to_path(str(self.tmp / "server.pem"))
+            self.tls_port = free_port()
+            tls_xml = (
+                f'<tls host="127.0.0.1" port="{self.tls_port}" cert="{self.tmp / "server.pem"}" '
+                f'key="{self.tmp / "server.key"}"/>'
+            )
+        self.config.write_text(
+            CONFIG.format(store=self.tmp / "store", plugins=plugin_xml, tls=tls_xml)
+        )
         self.port = free_port()
         self.log = open(self.tmp / "broker.log", "w+")
         self.proc = subprocess.Popen(
@@ -142,6 +167,14 @@ class OwnBroker:
     def url(self) -> str:
         return f"amqp://{self.user}:{self.user}@127.0.0.1:{self.port}//"
 
+    @property
+    def tls_url(self) -> str:
+        assert self.tls_port is not None
+        return (
+            f"amqps://{self.user}:{self.user}@127.0.0.1:{self.tls_port}//"
+            f"?cacert={self.tmp / 'ca.pem'}"
+        )
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -159,12 +192,21 @@ class OwnBroker:
 def connect(url: str) -> amqp.Connection:
     u = urlparse(url)
     vhost = unquote(u.path[1:]) if u.path and u.path != "/" else "/"
+    tls: dict[str, Any] | bool = False
+    if u.scheme == "amqps":
+        import ssl
+
+        cafile = parse_qs(u.query).get("cacert", [None])[0]
+        tls = {"cert_reqs": ssl.CERT_REQUIRED, "server_hostname": u.hostname}
+        if cafile:
+            tls["ca_certs"] = cafile
     conn = amqp.Connection(
-        host=f"{u.hostname or '127.0.0.1'}:{u.port or 5672}",
+        host=f"{u.hostname or '127.0.0.1'}:{u.port or (5671 if tls else 5672)}",
         userid=unquote(u.username or "guest"),
         password=unquote(u.password or "guest"),
         virtual_host=vhost or "/",
         heartbeat=0,
+        ssl=tls,
     )
     conn.connect()
     return conn
@@ -398,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=MODES + ("all",), default="all")
     ap.add_argument("--title", help="table title")
     ap.add_argument(
+        "--tls",
+        action="store_true",
+        help="run every phase over plain AMQP and over amqps (same broker, same run)",
+    )
+    ap.add_argument(
         "--plugin",
         action="append",
         default=[],
@@ -416,28 +463,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         url, pid = args.url, args.broker_pid
     else:
-        own = OwnBroker(args.plugin, "bencher" if args.permissioned else "guest")
+        own = OwnBroker(args.plugin, "bencher" if args.permissioned else "guest", tls=args.tls)
         url, pid = own.url, own.pid
+    targets = [("", url)]
+    if args.tls:
+        if own is None:
+            ap.error("--tls starts its own broker; leave --url out")
+        targets.append((" (amqps)", own.tls_url))
     modes = MODES if args.mode == "all" else (args.mode,)
     results: list[Result] = []
     try:
-        warm = connect(url)  # first connection, queue and publish are not part of any phase
-        wch = warm.channel()
-        fresh_queue(wch, "bench-warmup")
-        publish_many(wch, "bench-warmup", b"w", 200, time.monotonic() + 30)
-        wch.queue_delete("bench-warmup")
-        warm.close()
+        for _, target in targets:
+            warm = connect(target)  # first connection, queue, publish: not part of any phase
+            wch = warm.channel()
+            fresh_queue(wch, "bench-warmup")
+            publish_many(wch, "bench-warmup", b"w", 200, time.monotonic() + 30)
+            wch.queue_delete("bench-warmup")
+            warm.close()
         for size in args.size:
             for mode in modes:
-                r = RUNNERS[mode](url, pid, size, args.count)
-                results.append(r)
-                print(
-                    f"  {mode:16s} {size:5d} B  {r.rate:10,.0f} msg/s  "
-                    f"cpu {r.cpu_us():>7s} µs/msg  p50 {r.pct(0.5)} p99 {r.pct(0.99)} ms"
-                    f"  {r.note}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                for suffix, target in targets:
+                    r = RUNNERS[mode](target, pid, size, args.count)
+                    r.mode += suffix
+                    results.append(r)
+                    print(
+                        f"  {r.mode:24s} {size:5d} B  {r.rate:10,.0f} msg/s  "
+                        f"cpu {r.cpu_us():>7s} µs/msg  p50 {r.pct(0.5)} p99 {r.pct(0.99)} ms"
+                        f"  {r.note}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         if own is not None:
             own.stop()
