@@ -51,10 +51,13 @@ class Reloader(Protocol):
 
 
 class AdminError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
+    """An answer other than 200: ``{"error": message}`` (and ``"reason"`` when given)."""
+
+    def __init__(self, status: int, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message if reason is None else f"{message}: {reason}")
         self.status = status
         self.message = message
+        self.reason = reason
 
 
 # ------------------------------------------------------------------------ views (JSON)
@@ -129,21 +132,33 @@ class Admin:
             raise AdminError(404, str(exc)) from None
         return result
 
-    def overview(self) -> dict[str, Any]:
+    def overview(self, vhosts: frozenset[str] | None = None) -> dict[str, Any]:
+        """The broker at a glance; with ``vhosts``, the figures of those vhosts only (what a
+        ``management`` user may see)."""
+
         def read() -> dict[str, Any]:
             api = self.api
-            queues = api.queues()
-            consumers = api.consumers()
+
+            def mine(vhost: str | None) -> bool:
+                return vhosts is None or vhost in vhosts
+
+            queues = [q for q in api.queues() if mine(q.vhost)]
+            consumers = [c for c in api.consumers() if mine(c.vhost)]
+            names = sorted(v for v in api.vhosts() if mine(v))
             return {
                 "product": "plugbroker",
                 "version": api.version,
-                "connections": len(api.connections()),
-                "vhosts": sorted(api.vhosts()),
+                "connections": sum(1 for c in api.connections() if mine(c.vhost)),
+                "vhosts": names,
                 "queues": len(queues),
                 "messages": sum(q.messages for q in queues),
                 "consumers": len(consumers),
                 "isolated": sum(c.isolated for c in consumers),
-                "delayed_pending": api.delayed_pending(),
+                "delayed_pending": (
+                    api.delayed_pending()
+                    if vhosts is None
+                    else sum(api.delayed_pending(v) for v in names)
+                ),
                 "alarm": api.alarm,
                 "plugins": list(api.plugin_names()),
             }

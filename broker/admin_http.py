@@ -15,6 +15,12 @@ What keeps one client from hurting the others (:class:`HttpLimits`):
 * a request line, a header or a parameter the server cannot parse is a 400, as JSON.
 
 Every answer the API gives is JSON (``{"error": ...}`` for errors), except ``/metrics``.
+
+Who may do what is decided by the user's management tags, as in RabbitMQ's management API
+(:data:`ENDPOINTS`, :class:`Principal`): ``administrator`` everything; ``monitoring`` reads
+everything; ``management`` (and ``policymaker``) reads and acts in the vhosts it has permissions
+on; a user with none of these tags has no admin API. A refusal is RabbitMQ's
+``401 {"error": "not_authorized", "reason": ...}``.
 """
 
 from __future__ import annotations
@@ -35,11 +41,81 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_protocol import RequestHandler
 
 from broker.admin import Admin, AdminError, Reloader
-from broker.core.api import BrokerAPI
+from broker.core.api import BrokerAPI, UserInfo
 
 log = logging.getLogger("broker.admin")
 
-__all__ = ["AdminServer", "HttpLimits"]
+__all__ = ["ENDPOINTS", "AdminServer", "HttpLimits", "Principal"]
+
+#: tags that open the admin API at all (RabbitMQ: administrator and monitoring include
+#: management; policymaker too)
+MANAGEMENT_TAGS: frozenset[str] = frozenset(
+    {"administrator", "monitoring", "policymaker", "management"}
+)
+
+#: what each endpoint needs (documented in docs/admin.md, checked by the tag matrix test):
+#: ``management``: any management tag, answers filtered to the user's vhosts unless it is
+#: administrator or monitoring; ``vhost``: any management tag and permissions on the vhost in
+#: the path (administrator: any vhost); ``monitoring``: monitoring or administrator;
+#: ``administrator``: administrator only
+ENDPOINTS: dict[tuple[str, str], str] = {
+    ("GET", "/api/overview"): "management",
+    ("GET", "/api/queues"): "management",
+    ("GET", "/api/consumers"): "management",
+    ("GET", "/api/blocklist"): "management",
+    ("GET", "/api/connections"): "management",
+    ("GET", "/api/dead-letters"): "management",
+    ("GET", "/api/queues/{vhost}/{queue}/messages"): "vhost",
+    ("POST", "/api/queues/{vhost}/{queue}/redrive"): "vhost",
+    ("POST", "/api/reload"): "administrator",
+    ("GET", "/metrics"): "monitoring",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The user behind a request: its tags and the vhosts it has permissions on."""
+
+    name: str
+    tags: frozenset[str]
+    vhosts: frozenset[str]
+
+    @classmethod
+    def of(cls, user: UserInfo) -> Principal:
+        return cls(user.name, frozenset(user.tags), frozenset(user.permissions))
+
+    @property
+    def administrator(self) -> bool:
+        return "administrator" in self.tags
+
+    @property
+    def sees_all(self) -> bool:
+        """Reads every vhost (administrator, monitoring)."""
+        return self.administrator or "monitoring" in self.tags
+
+    @property
+    def management(self) -> bool:
+        return bool(self.tags & MANAGEMENT_TAGS)
+
+    def visible(self) -> frozenset[str] | None:
+        """The vhosts whose objects the user may read; None: all of them."""
+        return None if self.sees_all else self.vhosts
+
+    def require(self, need: str, vhost: str | None = None) -> None:
+        """Refuse (401, RabbitMQ's reasons) unless the user may use an endpoint needing
+        ``need`` (a value of :data:`ENDPOINTS`)."""
+        if not self.management:
+            raise _refused("Not management user")
+        if need == "administrator" and not self.administrator:
+            raise _refused("Not administrator user")
+        if need == "monitoring" and not self.sees_all:
+            raise _refused("Not monitor user")
+        if need == "vhost" and not self.administrator and vhost not in self.vhosts:
+            raise _refused("User not authorised to access virtual host")
+
+
+def _refused(reason: str) -> AdminError:
+    return AdminError(401, "not_authorized", reason=reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,15 +304,32 @@ class AdminServer:
             return _json(
                 413, {"error": f"request body over {self.limits.max_body} bytes"}, close=True
             )
-        if not self._authorized(request):
-            return _json(401, {"error": "authentication required (HTTP Basic, a broker user)"})
+        who = self._principal(request)
+        if who is None:
+            return _json(
+                401,
+                {
+                    "error": "not_authorized",
+                    "reason": "Login failed (authentication required: HTTP Basic, a broker user)",
+                },
+            )
         url = urlsplit(request.raw_path)
         parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
         try:
             query = parse_qs(url.query, strict_parsing=False)
-            return await self._dispatch(request.method, parts, query)
+            return await self._dispatch(who, request.method, parts, query)
         except AdminError as exc:
-            return _json(exc.status, {"error": exc.message})
+            body: dict[str, Any] = {"error": exc.message}
+            if exc.reason is not None:
+                body["reason"] = exc.reason
+                log.warning(
+                    "admin: %s %s refused for user '%s': %s",
+                    request.method,
+                    url.path,
+                    who.name,
+                    exc.reason,
+                )
+            return _json(exc.status, body)
         except Exception as exc:
             log.exception("admin request %s %s failed", request.method, request.raw_path)
             return _json(500, {"error": f"{type(exc).__name__}: {exc}"})
@@ -250,49 +343,65 @@ class AdminServer:
             if n > self.limits.max_body:
                 raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body, actual_size=n)
 
-    def _authorized(self, request: web.BaseRequest) -> bool:
+    def _principal(self, request: web.BaseRequest) -> Principal | None:
+        """The user a request authenticates as (HTTP Basic; the loopback-only rule applies to
+        the peer's address as for AMQP); None when it does not."""
         header = request.headers.get("Authorization", "")
         if not header.startswith("Basic "):
-            return False
+            return None
         try:
             raw = base64.b64decode(header[6:], validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
-            return False
-        user, _, password = raw.partition(":")
-        return self.api.authenticate(user, password)
+            return None
+        name, _, password = raw.partition(":")
+        if not self.api.authenticate(name, password, request.remote):
+            return None
+        user = self.api.user(name)
+        return Principal.of(user) if user is not None else None
 
     async def _dispatch(
-        self, method: str, parts: list[str], query: dict[str, list[str]]
+        self, who: Principal, method: str, parts: list[str], query: dict[str, list[str]]
     ) -> web.Response:
         admin = self.admin
         if method == "GET":
             if parts == ["metrics"]:
+                who.require(ENDPOINTS["GET", "/metrics"])
                 return web.Response(
                     body=admin.metrics().encode(),
                     headers={"Content-Type": "text/plain; version=0.0.4"},
                 )
-            simple: dict[tuple[str, ...], Callable[[], Any]] = {
-                ("api", "overview"): admin.overview,
+            if parts == ["api", "overview"]:
+                who.require(ENDPOINTS["GET", "/api/overview"])
+                return _json(200, admin.overview(who.visible()))
+            lists: dict[tuple[str, ...], Callable[[], list[dict[str, Any]]]] = {
                 ("api", "queues"): admin.queues,
                 ("api", "consumers"): admin.consumers,
                 ("api", "connections"): admin.connections,
                 ("api", "dead-letters"): admin.dead_letters,
                 ("api", "blocklist"): lambda: admin.consumers(isolated_only=True),
             }
-            fn = simple.get(tuple(parts))
+            fn = lists.get(tuple(parts))
             if fn is not None:
-                return _json(200, fn())
+                who.require(ENDPOINTS["GET", "/" + "/".join(parts)])
+                rows = fn()
+                seen = who.visible()
+                if seen is not None:
+                    rows = [r for r in rows if r.get("vhost") in seen]
+                return _json(200, rows)
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "messages":
+                who.require(ENDPOINTS["GET", "/api/queues/{vhost}/{queue}/messages"], parts[2])
                 limit = _int_param(query, "limit", 20, minimum=0, maximum=10_000)
                 assert limit is not None
                 return _json(200, admin.messages(parts[2], parts[3], limit))
         if method == "POST":
             if parts == ["api", "reload"]:
+                who.require(ENDPOINTS["POST", "/api/reload"])
                 loop = asyncio.get_running_loop()
                 # the file is read and validated in the executor, put in effect on the loop
                 cfg = await loop.run_in_executor(None, self.reloader.prepare_reload)
                 return _json(200, admin.reload(cfg))
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "redrive":
+                who.require(ENDPOINTS["POST", "/api/queues/{vhost}/{queue}/redrive"], parts[2])
                 most = _int_param(query, "limit", None, minimum=0)
                 return _json(200, admin.redrive(parts[2], parts[3], most))
         raise AdminError(404, f"no such endpoint: {method} /{'/'.join(parts)}")

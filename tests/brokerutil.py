@@ -18,6 +18,8 @@ from broker.runner import Running, start_broker
 
 #: the users of every test broker unless a test gives its own ``users=``
 GUEST = '<user name="guest" password="guest" vhosts="/ other"/>'
+#: guest as RabbitMQ ships it, an administrator (the admin API wants a management tag)
+ADMIN_GUEST = '<user name="guest" password="guest" vhosts="/ other" tags="administrator"/>'
 
 CONFIG_TEMPLATE = """<?xml version="1.0"?>
 <broker>

@@ -10,6 +10,7 @@ import urllib.request
 
 import kombu
 import pytest
+from brokerutil import ADMIN_GUEST
 
 from broker.cli import main as cli
 
@@ -32,7 +33,7 @@ def call(b, path: str, method: str = "GET", auth: tuple[str, str] = ("guest", "g
 
 
 def test_requests_need_a_broker_user(broker_factory):
-    b = broker_factory(admin=True)
+    b = broker_factory(admin=True, users=ADMIN_GUEST)
     with pytest.raises(urllib.error.HTTPError) as err:
         call(b, "/api/overview", auth=("guest", "wrong"))
     assert err.value.code == 401
@@ -42,7 +43,7 @@ def test_requests_need_a_broker_user(broker_factory):
 
 
 def test_overview_queues_consumers_connections_and_metrics(broker_factory):
-    b = broker_factory(admin=True)
+    b = broker_factory(admin=True, users=ADMIN_GUEST)
     with kombu.Connection(b.url()) as conn:
         q = kombu.Queue("jobs", routing_key="jobs", durable=False)
         conn.Producer().publish({"n": 1}, routing_key="jobs", declare=[q])
@@ -75,6 +76,7 @@ def test_blocklist_lists_isolated_consumers(broker_factory):
         '<queue name="work"><isolation><ackTimeout>200ms</ackTimeout>'
         "<checkPeriod>100ms</checkPeriod></isolation></queue>",
         admin=True,
+        users=ADMIN_GUEST,
     )
     conns = [kombu.Connection(b.url()) for _ in range(2)]
     try:
@@ -111,6 +113,7 @@ def test_dead_letters_listed_and_redriven_to_their_queue(broker_factory, capsys)
         '<queue name="orders"><deadLetter><maxRedeliveries>0</maxRedeliveries>'
         "</deadLetter></queue>",
         admin=True,
+        users=ADMIN_GUEST,
     )
     with kombu.Connection(b.url()) as conn:
         q = kombu.Queue("orders", routing_key="orders", durable=True)
@@ -140,6 +143,7 @@ def test_reload_by_admin_call(broker_factory, tmp_path):
         '<queue name="q"><consumer><messageCount>5</messageCount>'
         '<policy name="Log"/></consumer></queue>',
         admin=True,
+        users=ADMIN_GUEST,
     )
     path = b.running.config.source
     b.call(lambda: b.broker.vhosts["/"].declare_queue("q"))

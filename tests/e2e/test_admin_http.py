@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import trustme
+from brokerutil import ADMIN_GUEST
 
 from broker.admin_http import AdminServer, HttpLimits
 from broker.cli import main as cli
@@ -62,7 +63,7 @@ def get(port: int, path: str, *, scheme: str = "http", context=None):
 
 @pytest.fixture
 def admin_port(broker_factory) -> int:
-    b = broker_factory(admin=True)
+    b = broker_factory(admin=True, users=ADMIN_GUEST)
     return b.running.admin.port
 
 
@@ -101,7 +102,7 @@ def test_unknown_paths_and_methods_answer_json(admin_port: int) -> None:
     status, body = status_and_json(
         raw(admin_port, b"GET /api/overview HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     )
-    assert status == 401 and "authentication required" in body["error"]
+    assert status == 401 and body["error"] == "not_authorized" and "Login failed" in body["reason"]
 
 
 def test_the_cli_reads_through_the_server(admin_port: int, capsys) -> None:
@@ -116,7 +117,7 @@ def test_the_cli_reads_through_the_server(admin_port: int, capsys) -> None:
 @pytest.fixture
 def limited(broker_factory):
     """An admin server with small limits, on a broker's loop."""
-    b = broker_factory()
+    b = broker_factory(users=ADMIN_GUEST)
     servers: list[AdminServer] = []
 
     def start(**limits: float) -> AdminServer:
@@ -203,7 +204,7 @@ def test_https_admin(broker_factory, tmp_path: Path, capsys) -> None:
     cert = ca.issue_cert("127.0.0.1")
     cert.private_key_pem.write_to_path(str(tmp_path / "admin.key"))
     cert.cert_chain_pems[0].write_to_path(str(tmp_path / "admin.pem"))
-    b = broker_factory(admin=True)
+    b = broker_factory(admin=True, users=ADMIN_GUEST)
     path = b.running.config.source
     text = path.read_text().replace(
         '<admin host="127.0.0.1" port="0"/>',
