@@ -109,3 +109,17 @@ def test_snapshot_is_running_figures(broker):
     [view] = [v for v in snap.queues if v.name == "named"]
     assert (view.message_count, view.message_bytes, view.oldest_arrival) == (0, 0, None)
     assert view.policy["consumer"].message_count == 5
+
+
+def test_an_external_login_needs_a_user_and_keeps_the_loopback_rule() -> None:
+    b = Broker(
+        parse_config(
+            '<broker><users><user name="alice" password="a"/>'
+            '<user name="local" password="l" loopbackOnly="true"/></users></broker>'
+        ),
+        clock=ManualClock(),
+    )
+    assert b.external_login_refusal("alice", "10.0.0.7") is None
+    assert b.external_login_refusal("local", "127.0.0.1") is None
+    assert "only connect via localhost" in (b.external_login_refusal("local", "10.0.0.7") or "")
+    assert "not a configured user" in (b.external_login_refusal("nobody", "127.0.0.1") or "")
