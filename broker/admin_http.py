@@ -42,6 +42,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from broker.admin import Admin, AdminError, Reloader
 from broker.core.api import BrokerAPI, UserInfo
+from broker.tls import TLSAcceptor
 
 log = logging.getLogger("broker.admin")
 
@@ -233,27 +234,41 @@ class AdminServer:
         self._web: web.Server | None = None
         self._listener: asyncio.base_events.Server | None = None
         self._busy_logged = False
+        self._handshakes: set[asyncio.Future[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> AdminServer:
         loop = asyncio.get_running_loop()
         self._web = web.Server(self._handle, handler_cancellation=True)
-        self._listener = await loop.create_server(
-            self._protocol,
-            self.host,
-            self.port,
-            ssl=self.ssl_context,
-            ssl_handshake_timeout=self.limits.header_timeout if self.ssl_context else None,
-            reuse_address=True,
-        )
+        ctx = self.ssl_context
+        factory: Callable[[], asyncio.BaseProtocol] = self._protocol
+        if ctx is not None:
+
+            def factory() -> asyncio.BaseProtocol:
+                return TLSAcceptor(
+                    ctx,
+                    timeout=self.limits.header_timeout,
+                    on_ready=lambda _t: self._protocol(),
+                    what="admin https",
+                    log=log,
+                    track=self._track,
+                )
+
+        self._listener = await loop.create_server(factory, self.host, self.port, reuse_address=True)
         self.port = self._listener.sockets[0].getsockname()[1]
         log.info("admin interface on %s://%s:%d", self.scheme, self.host, self.port)
         return self
 
+    def _track(self, fut: asyncio.Future[None]) -> None:
+        self._handshakes.add(fut)
+        fut.add_done_callback(self._handshakes.discard)
+
     async def stop(self) -> None:
         if self._listener is not None:
             self._listener.close()
+        for fut in list(self._handshakes):
+            fut.cancel()
         if self._web is not None:
             self._web.pre_shutdown()
             await self._web.shutdown(self.limits.shutdown_timeout)

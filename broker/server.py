@@ -10,11 +10,11 @@ control. Two pairs of water marks bound memory:
   more is buffered it calls ``pause_reading`` and continues on the next turn, so a publisher
   that outruns the broker is held back by TCP instead of by broker memory.
 
-amqps (``<tls>``) is a second listener. Its sockets first meet :class:`TLSHandshake`, which runs
-the TLS handshake itself (``loop.start_tls``) so that a refusal (a plaintext client, a missing
-or untrusted client certificate, a handshake that never ends) is one log line that says why;
-only a finished handshake gets an :class:`AMQPProtocol`, which from then on receives the
-decrypted bytes directly (no extra hop per read).
+amqps (``<tls>``) is a second listener. Its sockets first meet :class:`broker.tls.TLSAcceptor`,
+which runs the TLS handshake itself so that a refusal (a plaintext client, a missing or untrusted
+client certificate, a handshake that never ends) is one log line that says why; only a finished
+handshake gets an :class:`AMQPProtocol`, which from then on receives the decrypted bytes
+directly (no extra hop per read).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 from broker.app import Broker
 from broker.session import Connection
-from broker.tls import handshake_failure, peer_common_name
+from broker.tls import TLSAcceptor, peer_common_name
 
 log = logging.getLogger("broker.server")
 
@@ -108,68 +108,6 @@ class TLSListener:
         self.external = external
 
 
-class TLSHandshake(asyncio.Protocol):
-    """A socket on the amqps listener until its TLS handshake is done.
-
-    The handshake runs in :meth:`handshake` (``loop.start_tls``); plaintext bytes go to the
-    TLS layer meanwhile. Decrypted bytes that arrive before the :class:`AMQPProtocol` takes
-    over (a client may send its protocol header with its last handshake message) are kept and
-    handed on, in order.
-    """
-
-    def __init__(self, server: Server, context: ssl.SSLContext, external: bool) -> None:
-        self.server = server
-        self.context = context
-        self.external = external
-        self.early: list[bytes] = []
-        self.peer = "?"
-        self.lost = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.peer = _peer(transport)
-        self.server.track(asyncio.ensure_future(self.handshake(transport)))
-
-    async def handshake(self, raw: asyncio.Transport) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            transport = await loop.start_tls(
-                raw,
-                self,
-                self.context,
-                server_side=True,
-                ssl_handshake_timeout=self.server.broker.limits.handshake_timeout,
-            )
-        except asyncio.CancelledError:
-            raw.close()
-            raise
-        except Exception as exc:  # each refusal: one line, and the socket closed
-            raw.close()
-            log.warning(
-                "amqps connection from %s refused: TLS handshake failed: %s",
-                self.peer,
-                handshake_failure(exc),
-            )
-            return
-        if transport is None or self.lost or transport.is_closing():
-            return
-        amqp = AMQPProtocol(self.server.broker, external=self.external)
-        transport.set_protocol(amqp)
-        amqp.connection_made(transport)
-        for data in self.early:
-            amqp.data_received(data)
-        self.early.clear()
-
-    def data_received(self, data: bytes) -> None:
-        self.early.append(data)
-
-    def eof_received(self) -> bool | None:
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-
-
 class Server:
     """Listens on host:port (plain AMQP) and, with ``tls``, on the amqps port; runs the broker
     until :meth:`stop`.
@@ -215,9 +153,20 @@ class Server:
             log.info("listening on %s:%d", self.host, self.port)
         tls = self.tls
         if tls is not None:
+
+            def accept() -> TLSAcceptor:
+                return TLSAcceptor(
+                    tls.context,
+                    timeout=self.broker.limits.handshake_timeout,
+                    on_ready=lambda _t: AMQPProtocol(self.broker, external=tls.external),
+                    what="amqps",
+                    log=log,
+                    track=self.track,
+                )
+
             try:
                 self._tls_server = await loop.create_server(
-                    lambda: TLSHandshake(self, tls.context, tls.external),
+                    accept,
                     tls.host,
                     tls.port,
                     reuse_address=True,

@@ -8,13 +8,15 @@ broker refuses to start rather than serve without the TLS it was told to serve.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.config import ConfigError, TlsConfig
 
-__all__ = ["handshake_failure", "peer_common_name", "server_context"]
+__all__ = ["TLSAcceptor", "handshake_failure", "peer_common_name", "server_context"]
 
 
 def server_context(cfg: TlsConfig, *, where: str = "<tls>") -> ssl.SSLContext:
@@ -92,3 +94,83 @@ def handshake_failure(exc: BaseException) -> str:
     if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
         return "the client closed the connection during the handshake"
     return _reason(exc)
+
+
+class TLSAcceptor(asyncio.Protocol):
+    """A socket on a TLS listener until its handshake is done; then the real protocol's.
+
+    Listening with ``loop.create_server(ssl=...)`` would refuse a bad handshake silently
+    (asyncio reports it only in debug mode). This protocol runs the handshake itself
+    (``loop.start_tls``), so each refusal is one warning that says why, and the socket is
+    closed. On success ``on_ready(transport)`` returns the protocol that serves the connection;
+    it is attached to the TLS transport and gets ``connection_made`` as if it had been there
+    from the start. Decrypted bytes that arrive before it takes over (a client may send its
+    first bytes with its last handshake message) are handed on, in order.
+
+    :param timeout: seconds the handshake may take.
+    :param what: how the log names the listener (``"amqps"``, ``"admin https"``).
+    :param track: called with the handshake's task, so a server can cancel it at stop.
+    """
+
+    def __init__(
+        self,
+        context: ssl.SSLContext,
+        *,
+        timeout: float,
+        on_ready: Callable[[asyncio.Transport], asyncio.BaseProtocol],
+        what: str,
+        log: logging.Logger,
+        track: Callable[[asyncio.Future[None]], None],
+    ) -> None:
+        self.context = context
+        self.timeout = timeout
+        self.on_ready = on_ready
+        self.what = what
+        self.log = log
+        self.track = track
+        self.early: list[bytes] = []
+        self.peer = "?"
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.track(asyncio.ensure_future(self.handshake(transport)))
+
+    async def handshake(self, raw: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            transport = await loop.start_tls(
+                raw, self, self.context, server_side=True, ssl_handshake_timeout=self.timeout
+            )
+        except asyncio.CancelledError:
+            raw.close()
+            raise
+        except Exception as exc:  # each refusal: one line, and the socket closed
+            raw.close()
+            self.log.warning(
+                "%s connection from %s refused: TLS handshake failed: %s",
+                self.what,
+                self.peer,
+                handshake_failure(exc),
+            )
+            return
+        if transport is None or self.lost or transport.is_closing():
+            return
+        proto = self.on_ready(transport)
+        transport.set_protocol(proto)
+        proto.connection_made(transport)
+        if self.early and isinstance(proto, asyncio.Protocol):
+            for data in self.early:
+                proto.data_received(data)
+        self.early.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self.early.append(data)
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True

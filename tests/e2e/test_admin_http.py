@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import socket
 import ssl
 import time
@@ -198,7 +199,7 @@ def test_connections_over_the_bound_get_503_and_the_rest_are_served(limited) -> 
 # ------------------------------------------------------------------ https
 
 
-def test_https_admin(broker_factory, tmp_path: Path, capsys) -> None:
+def test_https_admin(broker_factory, tmp_path: Path, capsys, caplog) -> None:
     ca = trustme.CA()
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     cert = ca.issue_cert("127.0.0.1")
@@ -217,8 +218,14 @@ def test_https_admin(broker_factory, tmp_path: Path, capsys) -> None:
     assert srv.scheme == "https"
     ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
     assert get(srv.port, "/api/overview", scheme="https", context=ctx)["product"] == "plugbroker"
-    with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP: no answer
-        get(srv.port, "/api/overview")
+    with caplog.at_level(logging.WARNING, logger="broker.admin"):
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP: no answer
+            get(srv.port, "/api/overview")
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not caplog.records:
+            time.sleep(0.02)
+    [line] = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert "admin https connection from 127.0.0.1" in line and "HTTP_REQUEST" in line
     url = f"https://127.0.0.1:{srv.port}"
     assert cli(["admin", "queues", "--url", url, "--cacert", str(tmp_path / "ca.pem")]) == 0
     assert isinstance(json.loads(capsys.readouterr().out), list)
