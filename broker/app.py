@@ -385,6 +385,7 @@ class Broker:
                         c.isolated,
                         c.prefetch,
                         c.no_ack,
+                        c.busy_since,
                     )
                     for c in cs
                 ]

@@ -286,8 +286,8 @@ def broker_consumer_isolated(
     :param queue: the (shared) queue.
     :param consumer_tag: the isolated consumer.
     :param connection_id: its connection.
-    :param last_ack_age: seconds since its last ack, nack or reject (or since its first delivery
-        when it never acked).
+    :param last_ack_age: seconds on its ack clock: since its last ack, nack or reject, or since
+        it went from nothing unacked to something unacked when that came later (SPEC 6).
     :param moved: how many of its unacked messages were requeued to the other consumers.
 
     Called after the isolation was applied. Not firstresult.

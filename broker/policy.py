@@ -52,6 +52,9 @@ class ConsumerView(NamedTuple):
     isolated: bool
     prefetch: int
     no_ack: bool
+    #: the ack clock (SPEC 6): monotonic time it went from nothing unacked to something unacked,
+    #: restarted at each ack, nack or reject; ``None`` while it holds nothing unacked
+    busy_since: float | None = None
 
 
 class QueueView(NamedTuple):

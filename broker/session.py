@@ -233,6 +233,8 @@ class Channel:
             fate.settle_unacked(queue, msg)
         else:
             self.unacked[tag] = (msg, queue, consumer)
+            if not consumer.unacked:
+                consumer.busy_since = now  # nothing unacked -> something: the clock starts
             consumer.unacked += 1
             if msg.stored and not msg.redelivered:
                 queue.vhost.store.delivered(queue, msg)
@@ -340,6 +342,8 @@ class Channel:
         for msg, q, c in self.unacked.values():
             if c is not None:
                 c.unacked -= 1
+                if not c.unacked:
+                    c.busy_since = None
             by_queue.setdefault(id(q), (q, []))[1].append(msg)
         self.unacked.clear()
         for q, msgs in by_queue.values():

@@ -2,12 +2,15 @@
 
 A consumer whose processing is stuck (a blocked disk, a hung call) keeps its connection, so the
 broker keeps feeding it and its messages sit unacknowledged. This plugin finds such consumers
-from running figures the core keeps for every consumer (its last ack, nack or reject, and how
-many messages it holds unacked) and asks the core to isolate them:
+from running figures the core keeps for every consumer (its ack clock and how many messages it
+holds unacked) and asks the core to isolate them:
 
-1. a consumer holding unacked messages whose last ack is older than ``ackTimeout`` (its clock
-   starts at its first delivery) is put on the queue's blocklist and all its unacked messages
-   are requeued, redelivered, to the other consumers;
+1. the ack clock (:attr:`~broker.policy.ConsumerView.busy_since`) starts when the consumer goes
+   from nothing unacked to something unacked and restarts at each ack, nack or reject; a
+   consumer whose clock is older than ``ackTimeout`` (it has held an unacked message that long
+   without settling anything) is put on the queue's blocklist and all its unacked messages are
+   requeued, redelivered, to the other consumers. A consumer back from an idle spell starts a
+   fresh clock with its next delivery, so it is never overdue for the time it had nothing;
 2. a blocklisted consumer gets no more deliveries;
 3. it leaves the blocklist when it acks, nacks or rejects anything, or disconnects (the core
    does that at once, it is not a policy decision);
@@ -17,7 +20,8 @@ many messages it holds unacked) and asks the core to isolate them:
 Isolation applies to ``shared`` queues only: never to ``key_shared`` (its key order would
 break), ``exclusive`` or ``failover`` (there is no other consumer to hand the messages to).
 The check runs every ``checkPeriod`` (the shortest configured), so a consumer is isolated no
-later than ``ackTimeout + checkPeriod`` after its last ack; it costs O(queues + consumers).
+later than ``ackTimeout + checkPeriod`` after its clock started; it costs
+O(queues + consumers).
 
 The check is a policy job (:class:`broker.policy.Policy`) over the queues with an
 ``<isolation>`` section: the housekeeping pool runs :func:`evaluate` in the broker, and the
@@ -51,8 +55,12 @@ SECTION = isolation_config.SECTION
 
 
 def stuck_since(consumer: ConsumerView) -> float | None:
-    """When the consumer's ack clock started: its last ack, else its first delivery."""
-    return consumer.last_ack if consumer.last_ack is not None else consumer.first_delivery
+    """When the consumer's ack clock started (``None``: it holds nothing unacked).
+
+    The clock starts when the consumer goes from nothing unacked to something unacked and
+    restarts at each ack, nack or reject; the core keeps it as ``busy_since``.
+    """
+    return consumer.busy_since if consumer.unacked > 0 else None
 
 
 def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:

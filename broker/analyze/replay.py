@@ -3,9 +3,10 @@
 :class:`Replayer` consumes journal events in order and keeps, per queue, the same running figures
 the core keeps: the messages it holds (ready, unacked, awaiting the fate of a reject) with their
 arrival times and sizes, acks since declaration, its consumers with their unacked counts, last
-ack and first delivery, its bindings (with exchange types) and so its resolved policy. At each
-check time of the candidate configuration it builds a :class:`broker.policy.Snapshot` of those
-figures and calls the policy jobs the candidate's plugins registered
+ack, first delivery and ack clock, its bindings (with exchange types) and so its resolved policy.
+At each check time of the candidate configuration it builds a
+:class:`broker.policy.Snapshot` of those figures and calls the policy jobs the
+candidate's plugins registered
 (``registry.policy_jobs()``: the built-in slow-consumer and isolation checks and any plugin's,
 found the same way), each at its own period, with its own state and the candidate's named
 policies: the very functions the housekeeping pool runs in the broker, called the same way,
@@ -115,6 +116,7 @@ _OUTCOME = {LogOnly: "logged", Spared: "spared"}
 
 class ConsumerState:
     __slots__ = (
+        "busy_since",
         "channel",
         "conn",
         "first_delivery",
@@ -135,6 +137,9 @@ class ConsumerState:
         self.unacked = 0
         self.last_ack: float | None = None
         self.first_delivery: float | None = None
+        #: the ack clock, rebuilt as the core keeps it (SPEC 6): set when unacked goes 0 -> 1,
+        #: restarted at each ack, nack or reject, ``None`` while nothing is unacked
+        self.busy_since: float | None = None
         self.isolated = False  # simulated: isolated by the candidate's policy
         self.prefetch = prefetch
         self.no_ack = no_ack
@@ -150,6 +155,7 @@ class ConsumerState:
             self.isolated,
             self.prefetch,
             self.no_ack,
+            self.busy_since if self.unacked > 0 else None,
         )
 
 
@@ -542,10 +548,12 @@ def _consumer(q: QueueState, ev: Sequence[Any]) -> ConsumerState | None:
 
 
 def _settled_by(r: Replayer, q: QueueState, ev: Sequence[Any], now: float) -> None:
-    """The consumer that acked or rejected: its clock restarts and it leaves the blocklist."""
+    """The consumer that acked or rejected: its clock restarts (it stops while it holds nothing)
+    and it leaves the blocklist."""
     c = _consumer(q, ev)
     if c is not None:
         c.last_ack = now
+        c.busy_since = now if c.unacked > 0 else None
         c.isolated = False
 
 
@@ -607,6 +615,8 @@ def _on_delivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
     m[2] = UNACKED
     m[3] = (c.conn, c.tag) if c is not None else None
     if c is not None:
+        if c.unacked <= 0:
+            c.busy_since = now  # nothing unacked -> something: the clock starts
         c.unacked += 1
 
 

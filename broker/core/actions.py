@@ -83,7 +83,7 @@ def _isolate(api: BrokerAPI, a: Action, what: str) -> str:
     c = api.consumer(a.vhost, a.queue, a.consumer_tag, a.connection_id)
     if c is None:
         return "stale"
-    since = c.ack_clock
+    since = c.busy_since  # the same clock as the policy's (SPEC 6)
     if (
         c.isolated
         or c.unacked <= 0

@@ -98,10 +98,16 @@ class ConsumerInfo:
     last_ack: float | None
     #: monotonic time of its first delivery; None before it got one
     first_delivery: float | None
+    #: the ack clock isolation uses (SPEC 6): monotonic time it went from nothing unacked to
+    #: something unacked, restarted at each ack, nack or reject; None while it holds nothing
+    busy_since: float | None = None
 
     @property
     def ack_clock(self) -> float | None:
-        """When its ack clock started: its last settle, else its first delivery."""
+        """Its last settle, else its first delivery (the admin API's "last ack age").
+
+        Isolation does not use this figure: an idle spell makes it old. See :attr:`busy_since`.
+        """
         return self.last_ack if self.last_ack is not None else self.first_delivery
 
 
@@ -696,6 +702,7 @@ def _consumer_info(q: Queue, c: Consumer) -> ConsumerInfo:
         c.delivered_total,
         c.last_ack,
         c.first_delivery,
+        c.busy_since,
     )
 
 

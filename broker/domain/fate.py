@@ -91,8 +91,10 @@ def _settled_by(consumer: Consumer | None, now: float, how: str) -> str | None:
     ack clock restarts, and it leaves the blocklist. Returns its tag for the hooks."""
     if consumer is None:
         return None
-    consumer.unacked -= 1
+    n = consumer.unacked - 1
+    consumer.unacked = n
     consumer.last_ack = now
+    consumer.busy_since = now if n > 0 else None
     if consumer.isolated:
         release(consumer, how)
     return consumer.tag
@@ -249,6 +251,7 @@ def late_settle(
     nothing more: the message was requeued already.
     """
     consumer.last_ack = now
+    consumer.busy_since = now if consumer.unacked > 0 else None
     if consumer.isolated:
         release(consumer, "acked" if ack_ else "rejected")
     if not ack_ or q.deleted or msg.id not in q.moved_waiting or msg.id not in q.held:
@@ -602,10 +605,11 @@ def isolate(consumer: Consumer, now: float) -> int:
     if consumer.isolated:
         return 0
     q = consumer.queue
-    since = consumer.last_ack if consumer.last_ack is not None else consumer.first_delivery
+    since = consumer.busy_since
     consumer.isolated = True
     moved = consumer.channel.take_unacked(consumer)
     consumer.unacked = 0
+    consumer.busy_since = None
     if moved:
         back = requeue(q, moved, "consumer-isolated")
         q.moved_waiting.update(m.id for m in back)

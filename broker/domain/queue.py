@@ -59,6 +59,7 @@ class ConsumerChannel(Protocol):
 class Consumer:
     __slots__ = (
         "arguments",
+        "busy_since",
         "capped",
         "channel",
         "delivered_total",
@@ -100,8 +101,11 @@ class Consumer:
         self.unacked = 0
         #: monotonic time of the last ack/nack/reject from this consumer
         self.last_ack: float | None = None
-        #: monotonic time of the first delivery; the ack-timeout clock starts there
+        #: monotonic time of the first delivery to it
         self.first_delivery: float | None = None
+        #: the ack clock (SPEC 6): monotonic time it went from nothing unacked to something
+        #: unacked, restarted at each ack, nack or reject; ``None`` while it holds nothing
+        self.busy_since: float | None = None
         self.isolated = False
         self.arguments = arguments
         self.order = order

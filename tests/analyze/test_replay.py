@@ -148,8 +148,62 @@ def test_snapshot_figures_follow_the_messages():
     assert q.oldest_arrival == T0 + 2 and q.age(T0 + 10) == 8
     [c] = q.consumers
     assert (c.tag, c.unacked, c.last_ack, c.first_delivery) == ("c1", 0, T0 + 7, T0 + 4)
+    assert c.busy_since is None  # it holds nothing: its ack clock is stopped
     assert q.bindings == (("amq.topic", "topic", "stocks.us.ibm"),)
     assert q.exclusive and q.auto_delete and q.subscription_type == "shared"
+
+
+def _delivered(t: float, mid: int) -> tuple[Any, ...]:
+    return ev(
+        "delivered",
+        t,
+        consumer_tag="c1",
+        connection_id="conn#1",
+        channel_id=1,
+        message_id=mid,
+        delivery_tag=mid,
+        no_ack=False,
+    )
+
+
+def _acked(t: float, mid: int) -> tuple[Any, ...]:
+    return ev("acked", t, consumer_tag="c1", connection_id="conn#1", channel_id=1, message_id=mid)
+
+
+def test_the_replay_rebuilds_the_ack_clock_and_isolates_no_consumer_back_from_idle():
+    xml = "<isolation><ackTimeout>5s</ackTimeout><checkPeriod>1s</checkPeriod></isolation>"
+    r = replayer(xml)
+    r.feed_all(topic_queue())
+    r.feed_all(
+        [
+            ev(
+                "consumer_added",
+                0,
+                consumer_tag="c2",
+                connection_id="conn#2",
+                channel_id=1,
+                count=2,
+                no_ack=False,
+            ),
+            publish(1, 1),
+            _delivered(1, 1),
+            _acked(2, 1),  # then 30 s of quiet, far past ackTimeout
+            publish(32, 2),
+            publish(32, 3),
+            _delivered(32, 2),
+            _delivered(33, 3),
+        ]
+    )
+    [q] = r.snapshot(None, T0 + 34).queues
+    c1 = next(c for c in q.consumers if c.tag == "c1")
+    assert (c1.unacked, c1.last_ack, c1.busy_since) == (2, T0 + 2, T0 + 32)
+    r.feed_all([_acked(35, 2)])  # an ack restarts the clock while it still holds one
+    [q] = r.snapshot(None, T0 + 36).queues
+    c1 = next(c for c in q.consumers if c.tag == "c1")
+    assert (c1.unacked, c1.busy_since) == (1, T0 + 35)
+    r.feed_all([_acked(37, 3)])
+    actions = r.finish(T0 + 60)
+    assert [a["action"] for a in actions] == []  # never held anything 5 s without settling
 
 
 def test_no_ack_delivery_settles_and_a_deleted_queue_is_forgotten():
@@ -361,7 +415,7 @@ def test_the_replay_rebuilds_the_live_broker_snapshot(broker_factory, tmp_path):
         for c in rq.consumers:
             lc = live_c.pop(c.tag)
             assert (c.unacked, c.channel_id, c.isolated) == (lc.unacked, lc.channel_id, lc.isolated)
-            for t_attr in ("last_ack", "first_delivery"):
+            for t_attr in ("last_ack", "first_delivery", "busy_since"):
                 lv, rv = getattr(lc, t_attr), getattr(c, t_attr)
                 assert (lv is None) == (rv is None), (c.tag, t_attr)
                 if lv is not None:

@@ -66,6 +66,8 @@ class Channel:
     def deliver(self, consumer: Consumer, msg: Message, queue: Queue) -> None:
         self.unacked[self.next_tag] = (msg, queue, consumer)
         self.next_tag += 1
+        if not consumer.unacked:
+            consumer.busy_since = queue.vhost.clock.monotonic()
         consumer.unacked += 1
         if consumer.first_delivery is None:
             consumer.first_delivery = queue.vhost.clock.monotonic()
@@ -145,6 +147,39 @@ def test_ack_settles_counts_and_reports_who_acked(vh, hooks, clock):
     [acked] = hooks.named("message_acked")
     assert acked["consumer_tag"] == "c1" and acked["connection_id"] == "conn-1"
     assert acked["channel_id"] == 1 and acked["message"] is m
+
+
+def test_the_ack_clock_restarts_at_each_settle_and_stops_when_nothing_is_unacked(vh, clock):
+    q, _ = vh.declare_queue("q")
+    a, b, c3 = put(vh, q, b"a", b"b", b"c")
+    ch = Channel()
+    t0 = clock.monotonic()
+    c = consume(q, ch)
+    assert (c.unacked, c.busy_since) == (3, t0)
+    clock.advance(5)
+    fate.ack(q, a, c, ch, clock.monotonic())
+    assert (c.unacked, c.busy_since) == (2, t0 + 5.0)
+    clock.advance(5)
+    fate.reject(q, b, c, ch, False, clock.monotonic())
+    assert (c.unacked, c.busy_since) == (1, t0 + 10.0)
+    clock.advance(5)
+    fate.ack(q, c3, c, ch, clock.monotonic())
+    assert (c.unacked, c.busy_since, c.last_ack) == (0, None, t0 + 15.0)
+
+
+def test_isolation_stops_the_clock_and_a_late_settle_leaves_it_stopped(vh, clock):
+    q, _ = vh.declare_queue("q")
+    put(vh, q, b"a")
+    ch = Channel("stuck")
+    t0 = clock.monotonic()
+    c = consume(q, ch, "stuck")
+    clock.advance(10)
+    fate.isolate(c, clock.monotonic())
+    assert (c.unacked, c.busy_since) == (0, None)
+    msg, queue, cons = ch.moved.pop(1)
+    clock.advance(1)
+    fate.late_settle(queue, msg, cons, ch, True, clock.monotonic())
+    assert (c.busy_since, c.last_ack) == (None, t0 + 11.0)
 
 
 def test_ack_by_an_isolated_consumer_releases_it(vh, hooks, clock):

@@ -34,9 +34,12 @@ class Worker:
         acks: bool = True,
         prefetch: int = 5,
         arguments: dict | None = None,
+        work: float = 0.0,
     ) -> None:
         self.name = name
         self.acks = acks
+        #: seconds each message takes to process before its ack
+        self.work = work
         self.conn = kombu.Connection(url)
         self.got: list[kombu.Message] = []
         q = kombu.Queue(
@@ -51,6 +54,8 @@ class Worker:
 
     def _on(self, body: object, message: kombu.Message) -> None:
         self.got.append(message)
+        if self.work:
+            time.sleep(self.work)
         if self.acks:
             message.ack()
 
@@ -125,6 +130,59 @@ def test_scheme_1_2_3_stuck_consumer_isolated_its_messages_moved_then_released(
     publish(b.url(), range(40, 70))
     assert run_until(workers, lambda: len(stuck.got) > 5)
     assert all(m.payload >= 40 for m in stuck.got[5:])
+
+
+#: the issue's case: a half-second ack timeout, checked often
+IDLE_CONFIG = (
+    '<queue name="work"><isolation><ackTimeout>500ms</ackTimeout>'
+    "<checkPeriod>100ms</checkPeriod></isolation></queue>"
+)
+
+
+def test_a_healthy_consumer_back_from_an_idle_spell_is_not_isolated(broker_factory, workers):
+    b = broker_factory(IDLE_CONFIG)
+    # two healthy workers that take 200 ms per message, one message in flight at a time
+    a = Worker(b.url(), "a", prefetch=1, work=0.2)
+    c = Worker(b.url(), "c", prefetch=1, work=0.2)
+    workers += [a, c]
+    done = 0
+    for i in range(4):
+        # a second of quiet: twice ackTimeout since anyone's last ack
+        run_until(workers, lambda: False, timeout=1.0)
+        publish(b.url(), range(i, i + 1))
+        done += 1
+        assert run_until(workers, lambda n=done: len(a.got) + len(c.got) == n)
+    run_until(workers, lambda: False, timeout=0.3)  # more checks after the last one
+    assert isolated(b) == []
+    got = a.got + c.got
+    assert sorted(m.payload for m in got) == [0, 1, 2, 3]  # each processed exactly once
+    assert not any(m.delivery_info["redelivered"] for m in got)
+    assert a.got and c.got  # both were tested after a quiet spell
+
+
+def test_a_stuck_consumer_back_from_an_idle_spell_is_isolated_after_ack_timeout(
+    broker_factory, workers, caplog
+):
+    caplog.set_level(logging.WARNING, logger="broker.policy")
+    b = broker_factory(IDLE_CONFIG)
+    stuck = Worker(b.url(), "stuck", prefetch=1)
+    ok = Worker(b.url(), "ok", prefetch=1, work=0.2)
+    workers += [stuck, ok]
+    publish(b.url(), range(2))  # one each, both acked: both have a last ack
+    assert run_until(workers, lambda: len(stuck.got) == 1 and len(ok.got) == 1)
+    run_until(workers, lambda: False, timeout=1.0)  # a quiet second: no clock runs while idle
+    stuck.acks = False  # now it hangs on its next message
+    publish(b.url(), range(2, 4))
+    assert run_until(workers, lambda: bool(isolated(b)), timeout=2.0)
+    assert isolated(b) == [stuck.got[1].delivery_info["consumer_tag"]]
+    # isolated for holding its message past ackTimeout (500 ms, checked every 100 ms), not for
+    # the time since its last ack, which includes the quiet second
+    [line] = [r.getMessage() for r in caplog.records if "isolated: no ack for" in r.getMessage()]
+    held = float(line.split("isolated: no ack for ")[1].split(" s")[0])
+    assert 0.5 < held < 0.9
+    assert run_until(workers, lambda: len(ok.got) == 3)
+    [moved] = [m for m in ok.got if m.payload == stuck.got[1].payload]
+    assert moved.delivery_info["redelivered"]
 
 
 def test_scheme_3_disconnecting_also_releases(broker_factory, workers, caplog):
