@@ -6,8 +6,9 @@ Detection is a housekeeping job over a snapshot, so each check costs O(queues + 
 * depth: bytes of every message body the queue holds (ready and delivered-unacked);
 * messageCount: how many messages it holds;
 * messageAge: age of its oldest message (an empty queue has age 0);
-* consumptionRate: acks per second since the previous check, judged only while messages wait
-  (a queue with nothing ready is never "slow").
+* consumptionRate: acks per second since the previous check, judged only while the queue has a
+  backlog: messages ready *or delivered and not yet acked* (a consumer whose prefetch holds the
+  whole backlog and acks slowly is slow; a queue with nothing held is never "slow").
 
 Any configured threshold that is exceeded triggers the ``<policy name>`` of the ``<consumer>``
 element: ``Delete`` (close channels with 506, then delete the queue; a durable queue only with
@@ -52,6 +53,11 @@ JOB_NAME = "slow-consumer"
 SECTION = slow_consumer_config.SECTION
 
 
+def backlog(queue: QueueView) -> int:
+    """What the consumption-rate floor is judged against: messages ready plus unacked."""
+    return queue.ready_count + queue.unacked_count
+
+
 def measure(
     cfg: Any, queue: QueueView, now: float, previous: tuple[int, float] | None
 ) -> tuple[Breach, ...]:
@@ -69,7 +75,7 @@ def measure(
         age = queue.age(now)
         if age > cfg.message_age:
             out.append(Breach("messageAge", cfg.message_age, round(age, 3)))
-    if cfg.consumption_rate is not None and previous is not None and queue.ready_count > 0:
+    if cfg.consumption_rate is not None and previous is not None and backlog(queue) > 0:
         acks, then = previous
         elapsed = now - then
         if elapsed > 0 and queue.acks_total >= acks:
@@ -113,7 +119,12 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
             or (count is not None and q.message_count > count)
             or (max_age is not None and oldest is not None and now - oldest > max_age)
         )
-        if not over and floor is not None and prev is not None and q.ready_count:
+        if (
+            not over
+            and floor is not None
+            and prev is not None
+            and (q.ready_count or q.unacked_count)
+        ):
             elapsed = now - prev[1]
             over = elapsed > 0 and acks >= prev[0] and (acks - prev[0]) / elapsed < floor
         if not over:

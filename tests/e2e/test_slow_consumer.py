@@ -302,6 +302,24 @@ def test_consumption_rate_floor_while_backlogged(start):
         assert expect_506(conn).reply_code == 506
 
 
+def test_rate_floor_counts_what_the_prefetch_holds_as_backlog(start):
+    b = start("<consumptionRate>50</consumptionRate>")
+    with connect(b) as conn:
+        ch, qname = subscribe(conn, prefetch=100)  # its prefetch holds the whole backlog
+        held: list[amqp.Message] = []
+        ch.basic_consume(qname, callback=held.append)
+        publish(b, 10)
+        drain_until(conn, lambda: len(held) == 10)
+        ready = b.call(lambda: b.broker.vhosts["/"].queues[qname].ready_count)
+        assert ready == 0  # nothing waits in the queue: all ten are unacked
+        check(b)  # first look: no rate yet
+        ch.basic_ack(held[0].delivery_tag)  # one ack in 0.2 s: 5/s, under the 50/s floor
+        time.sleep(0.2)
+        check(b)
+        assert expect_506(conn).reply_code == 506
+        assert not queue_exists(b, qname)
+
+
 def test_log_policy_is_a_dry_run(start, caplog):
     b = start("<messageCount>5</messageCount>", policy="Log")
     caplog.set_level(logging.INFO, logger="broker.policy")

@@ -34,6 +34,7 @@ def view(
     count: int = 0,
     size: int = 0,
     ready: int | None = None,
+    unacked: int | None = None,
     oldest: float | None = None,
     acks: int = 0,
     durable: bool = False,
@@ -53,7 +54,7 @@ def view(
         count,
         size,
         count if ready is None else ready,
-        0,
+        (count - (count if ready is None else ready)) if unacked is None else unacked,
         oldest,
         acks,
         cs,
@@ -108,6 +109,22 @@ def test_rate_is_judged_over_the_last_period_and_only_with_a_backlog():
     assert measure(c, view(count=5, acks=3000), 20.0, (1000, 10.0)) == ()  # 200/s: fine
     assert measure(c, view(count=0, acks=1000), 20.0, (1000, 10.0)) == ()  # no backlog
     assert measure(c, view(count=5, acks=1000), 20.0, None) == ()  # first look: no rate yet
+
+
+def test_the_backlog_is_ready_plus_unacked():
+    c = cfg(consumption_rate=100.0)
+    # the consumer's prefetch holds all five: nothing ready, five unacked, 1 ack/s
+    held = view(count=5, ready=0, unacked=5, acks=1010)
+    [b] = measure(c, held, 20.0, (1000, 10.0))
+    assert (b.threshold, b.measured) == ("consumptionRate", 1.0)
+    state: dict = {"rates": {("/", "q"): (1000, 10.0)}}
+    held = view(count=5, ready=0, unacked=5, acks=1010, policy=c)
+    actions = evaluate(Snapshot(20.0, (held,)), state, POLICIES.__getitem__)
+    assert [type(a) for a in actions] == [CloseConsumerChannels, DeleteQueue]
+    # nothing ready and nothing unacked: no backlog, never slow
+    idle = view(count=0, ready=0, unacked=0, acks=1000, policy=c)
+    state = {"rates": {("/", "q"): (1000, 10.0)}}
+    assert evaluate(Snapshot(20.0, (idle,)), state, POLICIES.__getitem__) == []
 
 
 def test_evaluate_keeps_rate_state_and_forgets_deleted_queues():
