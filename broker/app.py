@@ -262,7 +262,12 @@ class Broker:
         return qc.subscription if qc is not None else None
 
     def resolve_policy(self, q: Queue) -> None:
-        """(Re)compute the policy sections that apply to ``q`` from its name and bindings."""
+        """(Re)compute the policy sections that apply to ``q`` from its name and bindings.
+
+        Called on every topology change that can alter the answer: the queue's declaration, a
+        binding made or removed, a dead-letter route to it appearing or going, its first dead
+        letter. O(bindings) for the queue, O(topics x bindings) for the ``<topic>`` matches.
+        """
         vc = self.config.vhosts.get(q.vhost.name)
         if vc is None:
             q.policy = {}
@@ -273,7 +278,7 @@ class Broker:
                 ex = q.vhost.exchanges.get(ex_name)
                 ex_type = getattr(getattr(ex, "inner", None), "type", ex_type)
             bindings.append((ex_name, ex_type, key))
-        q.policy = vc.resolve(q.name, bindings)
+        q.policy = vc.resolve(q.name, bindings, dead_letter_target=q.vhost.is_dead_letter_target(q))
         q.view_static = None
         limit = None
         hl = self.hooks.delivery_limit

@@ -12,7 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.config import ConfigElementRegistry, ParseContext, PolicyRef
+from broker.config import (
+    REACH_TOPIC_SUBSCRIPTIONS,
+    ConfigElementRegistry,
+    ParseContext,
+    PolicyRef,
+)
 from broker.config.model import XML_FALSE, XML_TRUE
 from broker.config.units import format_duration, format_size
 
@@ -135,5 +140,10 @@ def parse_policy(el: Any, ctx: ParseContext) -> PolicyRef:
 
 
 def add_config_elements(registry: ConfigElementRegistry) -> None:
-    """Register ``<consumer>`` (what the plugin's ``broker_add_config_elements`` does)."""
-    registry.register(SECTION, parse_consumer)
+    """Register ``<consumer>`` (what the plugin's ``broker_add_config_elements`` does).
+
+    Under ``<virtualhost>`` or ``<topic>`` it reaches topic subscriptions only (the Qpid design):
+    never a queue bound only to a direct, fanout or the default exchange, nor a dead-letter or
+    retry target. Under ``<queue name>`` it reaches that queue.
+    """
+    registry.register(SECTION, parse_consumer, reach=REACH_TOPIC_SUBSCRIPTIONS)

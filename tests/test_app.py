@@ -56,6 +56,89 @@ def test_topic_policy_follows_bind_unbind_and_rebind(broker):
     assert consumer_of(q2) is None
 
 
+VHOST_CONSUMER = """<broker><virtualhost name="/">
+  <consumer><messageAge>1m</messageAge><policy name="Delete"/></consumer>
+  <queue name="named-dlq">
+    <consumer><messageCount>5</messageCount><policy name="Log"/></consumer>
+  </queue>
+</virtualhost></broker>"""
+
+
+@pytest.fixture
+def vhost_consumer() -> Broker:
+    return Broker(parse_config(VHOST_CONSUMER), clock=ManualClock())
+
+
+def test_vhost_consumer_reaches_topic_subscriptions_only(vhost_consumer):
+    vh = vhost_consumer.vhosts["/"]
+    work, _ = vh.declare_queue("celery")  # the default exchange only
+    vh.bind(vh.exchanges["amq.direct"], work, "celery", {})
+    fan, _ = vh.declare_queue("fan")
+    vh.bind(vh.exchanges["amq.fanout"], fan, "", {})
+    sub, _ = vh.declare_queue("sub")
+    vh.bind(vh.exchanges["amq.topic"], sub, "stocks.#", {})
+    assert consumer_of(work) is None and consumer_of(fan) is None
+    assert consumer_of(sub).message_age == 60.0
+    # a retry queue bound to a topic exchange is still a retry target
+    retry, _ = vh.declare_queue("sub-RETRY", arguments={"x-retry-target": "sub"})
+    vh.bind(vh.exchanges["amq.topic"], retry, "retry.#", {})
+    assert consumer_of(retry) is None
+
+
+def test_a_queue_reached_by_a_dead_letter_route_is_not_a_topic_subscription(vhost_consumer):
+    vh = vhost_consumer.vhosts["/"]
+    topic = vh.exchanges["amq.topic"]
+    dlq, _ = vh.declare_queue("dead")
+    vh.bind(topic, dlq, "dead.#", {})
+    other, _ = vh.declare_queue("other")
+    vh.bind(topic, other, "stocks.#", {})
+    assert consumer_of(dlq) is not None  # nothing dead-letters there yet
+    src, _ = vh.declare_queue(
+        "src",
+        arguments={"x-dead-letter-exchange": "amq.topic", "x-dead-letter-routing-key": "dead.src"},
+    )
+    # re-resolved when the route appears: the DLQ is spared, the other subscription is not
+    assert consumer_of(dlq) is None and consumer_of(other) is not None
+    vh.delete_queue(src)
+    assert consumer_of(dlq) is not None  # the route went with its queue
+    # a route that keeps the message's own key may reach any binding of that exchange
+    vh.declare_queue("src2", arguments={"x-dead-letter-exchange": "amq.topic"})
+    assert consumer_of(dlq) is None and consumer_of(other) is None
+
+
+def test_a_queue_that_received_a_dead_letter_is_a_target_and_by_name_still_reached(
+    vhost_consumer,
+):
+    from broker.codec import properties as props
+    from broker.domain import fate
+    from broker.domain.message import Message
+
+    vh = vhost_consumer.vhosts["/"]
+    topic = vh.exchanges["amq.topic"]
+    for name in ("named-dlq", "plain-dlq"):
+        q, _ = vh.declare_queue(name)
+        vh.bind(topic, q, name, {})
+    plain = vh.queues["plain-dlq"]
+    assert consumer_of(plain).message_age == 60.0
+    src, _ = vh.declare_queue(
+        "src", arguments={"x-dead-letter-exchange": "amq.direct", "x-dead-letter-routing-key": "x"}
+    )
+    vh.bind(vh.exchanges["amq.direct"], plain, "x", {})  # the route reaches it
+    assert consumer_of(plain) is None
+    vh.delete_queue(src)
+    assert consumer_of(plain).message_age == 60.0
+    # a dead letter routed to it (as the dead-letter plugin's target does) marks it for good
+    src, _ = vh.declare_queue("src", arguments={"x-dead-letter-exchange": "amq.topic"})
+    m = Message.from_publish(vh.ids.next(), "", "plain-dlq", props.encode({}), b"x", 1, 0.0, 0.0)
+    vh.deliver_to_queues([src], m)
+    [held] = list(src.ready)
+    assert src.take_ready(held)
+    fate.dead_letter(src, held, "expired")
+    vh.delete_queue(src)
+    assert plain.dead_letter_target and consumer_of(plain) is None
+    assert consumer_of(vh.queues["named-dlq"]).message_count == 5  # <queue name> reaches it
+
+
 def test_reload_applies_to_running_queues(broker):
     vh = broker.vhosts["/"]
     q, _ = vh.declare_queue("named")

@@ -40,12 +40,20 @@ from broker.config.model import (
     User,
     VhostConfig,
 )
-from broker.config.registry import ConfigElementRegistry, ElementParser, RegistryLike
+from broker.config.registry import (
+    REACH_ANY,
+    REACH_TOPIC_SUBSCRIPTIONS,
+    ConfigElementRegistry,
+    ElementParser,
+    RegistryLike,
+)
 from broker.config.schema import default_config_path, schema_path
 from broker.subscription import SUBSCRIPTION_TYPES
 
 __all__ = [
     "DEFAULT_TOPIC_EXCHANGE",
+    "REACH_ANY",
+    "REACH_TOPIC_SUBSCRIPTIONS",
     "SUBSCRIPTION_TYPES",
     "BrokerConfig",
     "ConfigElementRegistry",

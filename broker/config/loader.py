@@ -441,6 +441,7 @@ class _Loader:
             queues=frozen_map(queues),
             topics=tuple(topics),
             defaults=Sections(sections),
+            topic_only=frozenset(getattr(self.registry, "topic_only_sections", ()) or ()),
         )
 
     def exchange(self, el: Any) -> ExchangeDecl:

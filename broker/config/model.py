@@ -420,9 +420,16 @@ class VhostConfig:
     queues: Mapping[str, QueueConfig] = field(default_factory=frozen_map)
     topics: tuple[TopicConfig, ...] = ()
     defaults: Sections = field(default_factory=Sections)
+    #: sections that reach topic subscriptions only from ``<virtualhost>`` and ``<topic>``
+    #: (registered with ``reach=REACH_TOPIC_SUBSCRIPTIONS``: the slow-consumer ``<consumer>``)
+    topic_only: frozenset[str] = frozenset()
 
     def resolve(
-        self, queue_name: str, bindings: Iterable[tuple[str, str, str]] = ()
+        self,
+        queue_name: str,
+        bindings: Iterable[tuple[str, str, str]] = (),
+        *,
+        dead_letter_target: bool = False,
     ) -> ResolvedPolicy:
         """The policy sections for ``queue_name`` with ``(exchange, exchange_type, key)`` bindings.
 
@@ -431,6 +438,12 @@ class VhostConfig:
         ``topic``, else the vhost default. The caller passes the *effective* type, so a binding
         to an x-delayed-message exchange with ``x-delayed-type: topic`` should be passed as
         ``"topic"``. Cost: O(topics x bindings), no message is touched.
+
+        A section in :attr:`topic_only` reaches the queue from ``<topic>`` or ``<virtualhost>``
+        only when the queue is a *topic subscription*: it has a binding whose exchange type is
+        ``topic`` and it is not a dead-letter or retry target (``dead_letter_target``, which the
+        broker works out from the queue's arguments and the vhost's dead-letter routes). From
+        ``<queue name>`` it always reaches that queue.
         """
         blist = tuple(bindings)
         qc = self.queues.get(queue_name)
@@ -443,16 +456,20 @@ class VhostConfig:
         names.update(dict.fromkeys(self.defaults))
         items: dict[str, object] = {}
         source: dict[str, str] = {}
+        subscription = not dead_letter_target and any(t == "topic" for _, t, _ in blist)
         for name in names:
             if qc is not None and name in qc.sections:
                 items[name], source[name] = qc.sections[name], f"queue {qc.name}"
                 continue
+            if name in self.topic_only and not subscription:
+                continue  # not a topic subscription: only <queue name> reaches it
             for t in matching:
                 if name in t.sections:
                     items[name], source[name] = t.sections[name], t.label
                     break
             else:
-                items[name], source[name] = self.defaults[name], f"virtualhost {self.name}"
+                if name in self.defaults:
+                    items[name], source[name] = self.defaults[name], f"virtualhost {self.name}"
         return ResolvedPolicy(
             queue_name, items, source, qc.subscription if qc is not None else None
         )
@@ -555,7 +572,8 @@ class BrokerConfig:
                 out.append(f"  exchange {ex.name}: {ex.type}, {', '.join(flags)}")
             out.append("  defaults (every queue of this vhost unless overridden):")
             for name, value in vh.defaults.items():
-                out.append(f"    {name:<11} {describe_section(value)}")
+                only = "  (topic subscriptions only)" if name in vh.topic_only else ""
+                out.append(f"    {name:<11} {describe_section(value)}{only}")
             if not vh.defaults:
                 out.append("    (none)")
             topic_sections = sorted({n for t in vh.topics for n in t.sections})
@@ -572,6 +590,14 @@ class BrokerConfig:
                         "    if bound to a matching <topic>, that topic supplies: "
                         + ", ".join(open_)
                     )
+                subscription_only = [
+                    n for n in vh.defaults if n in vh.topic_only and n not in qc.sections
+                ]
+                if subscription_only:
+                    out.append(
+                        f"    if it is a topic subscription, virtualhost {vh.name} supplies: "
+                        + ", ".join(subscription_only)
+                    )
             for t in vh.topics:
                 out.append(f"  {t.label} (queues bound to {t.exchange} with a key it matches):")
                 for name, value in t.sections.items():
@@ -584,7 +610,39 @@ class BrokerConfig:
                         f"    not set here (a later matching <topic> or virtualhost {vh.name} "
                         f"applies): {', '.join(rest)}"
                     )
+            out.extend(_reach_table(vh))
         return "\n".join(out)
+
+
+#: which queues a topic-subscription-only section reaches from each placement (check-config)
+REACH_VHOST = (
+    "queues bound to a topic exchange; never one bound only to direct, fanout or the default "
+    "exchange"
+)
+REACH_TOPIC = "queues bound to {exchange} with a key it matches"
+REACH_EXCEPT = "never a dead-letter or retry target"
+REACH_QUEUE = "that queue only, however it is bound"
+
+
+def _reach_table(vh: VhostConfig) -> list[str]:
+    """``check-config``'s lines on which queues each ``<consumer>`` placement reaches."""
+    out: list[str] = []
+    for name in sorted(vh.topic_only):
+        rows: list[tuple[str, str]] = []
+        if name in vh.defaults:
+            rows.append((f"virtualhost {vh.name}", f"{REACH_VHOST}; {REACH_EXCEPT}"))
+        for t in vh.topics:
+            if name in t.sections:
+                reach = REACH_TOPIC.format(exchange=t.exchange)
+                rows.append((t.label, f"{reach}; {REACH_EXCEPT}"))
+        for qc in vh.queues.values():
+            if name in qc.sections:
+                rows.append((f"queue {qc.name}", REACH_QUEUE))
+        if not rows:
+            continue
+        out.append(f"  reach of <{name}> (topic subscriptions only, except by <queue name>):")
+        out.extend(f"    {where}: {what}" for where, what in rows)
+    return out
 
 
 def _indent(text: str, n: int) -> list[str]:

@@ -15,13 +15,28 @@ from broker.config.schema import CORE_ELEMENTS
 if TYPE_CHECKING:
     from broker.config.context import ParseContext
 
-__all__ = ["ConfigElementRegistry", "ElementParser", "RegistryLike"]
+__all__ = [
+    "REACH_ANY",
+    "REACH_TOPIC_SUBSCRIPTIONS",
+    "ConfigElementRegistry",
+    "ElementParser",
+    "RegistryLike",
+]
 
 ElementParser = Callable[[Any, "ParseContext"], object]
 """``(lxml_element, ctx) -> parsed object``; raise ``ctx.error(el, msg)`` on bad input."""
 
 #: the levels an element can be registered at
 LEVELS = ("section", "broker")
+
+#: a section's reach: under ``<virtualhost>`` or ``<topic>`` it reaches every queue they cover
+REACH_ANY = "any"
+#: a section's reach: under ``<virtualhost>`` or ``<topic>`` it reaches topic subscriptions only
+#: (queues bound to a topic exchange that are not dead-letter or retry targets); under
+#: ``<queue name>`` it reaches that queue, as any section does. The slow-consumer ``<consumer>``
+#: has this reach (SPEC 4, the Qpid design).
+REACH_TOPIC_SUBSCRIPTIONS = "topic-subscriptions"
+REACHES = (REACH_ANY, REACH_TOPIC_SUBSCRIPTIONS)
 
 
 class RegistryLike(Protocol):
@@ -56,15 +71,29 @@ class ConfigElementRegistry:
         self._broker: dict[str, ElementParser] = {}
         self._policies: set[str] = set()
         self._backoffs: set[str] = set()
+        self._topic_only: set[str] = set()
 
-    def register(self, name: str, parser: ElementParser, *, level: str = "section") -> None:
+    def register(
+        self, name: str, parser: ElementParser, *, level: str = "section", reach: str = REACH_ANY
+    ) -> None:
         """Register ``parser`` for element ``name``.
 
-        :raises ValueError: for a core element's name, a name already registered, or a bad level.
+        ``reach`` (sections only) says which queues the section reaches from ``<virtualhost>``
+        and ``<topic>``: :data:`REACH_ANY` (every queue they cover) or
+        :data:`REACH_TOPIC_SUBSCRIPTIONS` (topic subscriptions only; see
+        :meth:`broker.config.VhostConfig.resolve`).
+
+        :raises ValueError: for a core element's name, a name already registered, a bad level or
+            a bad reach.
         :raises TypeError: ``parser`` is not callable.
         """
         if level not in LEVELS:
             raise ValueError(f"level must be 'section' or 'broker', not {level!r}")
+        if reach not in REACHES or (level != "section" and reach != REACH_ANY):
+            raise ValueError(
+                f"reach must be one of {', '.join(REACHES)} (and {REACH_ANY!r} for a broker "
+                f"element), not {reach!r}"
+            )
         if not name or name in CORE_ELEMENTS:
             raise ValueError(f"<{name}> is a built-in element and cannot be registered by a plugin")
         if name in self._sections or name in self._broker:
@@ -72,6 +101,8 @@ class ConfigElementRegistry:
         if not callable(parser):
             raise TypeError(f"the parser for <{name}> must be callable")
         (self._sections if level == "section" else self._broker)[name] = parser
+        if reach == REACH_TOPIC_SUBSCRIPTIONS:
+            self._topic_only.add(name)
 
     def register_policy(self, name: str) -> None:
         """Declare that a plugin implements the policy ``name`` (registering it again is a no-op).
@@ -123,3 +154,8 @@ class ConfigElementRegistry:
     @property
     def broker_names(self) -> frozenset[str]:
         return frozenset(self._broker)
+
+    @property
+    def topic_only_sections(self) -> frozenset[str]:
+        """Sections registered with :data:`REACH_TOPIC_SUBSCRIPTIONS`."""
+        return frozenset(self._topic_only)

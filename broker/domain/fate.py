@@ -379,6 +379,9 @@ def dead_letter(q: Queue, msg: Message, reason: str) -> bool:
                 msg.id,
             )
             queues = [t for t in queues if t not in cyc]
+    for t in queues:
+        if not t.dead_letter_target:
+            vh.mark_dead_letter_target(t)  # slow-consumer sections stop reaching it
     h = vh.hooks.message_dead_lettered
     if h is not None:
         h(

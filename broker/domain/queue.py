@@ -189,6 +189,8 @@ class Queue:
         self.delivery_limit = delivery_limit
         #: a retry queue: each message waits its delay here, then moves to this queue
         self.retry_target = retry_target
+        #: a dead letter was routed here (see VirtualHost.is_dead_letter_target)
+        self.dead_letter_target = False
         #: delay levels (seconds) of a retry queue, for messages that name no ``x-delay``
         self.retry_levels = retry_levels
         self._expiry_timer: TimerHandle | None = None

@@ -40,7 +40,7 @@ from broker.errors import (
     ChannelError,
     ConnectionError_,
 )
-from broker.routing import STANDARD_EXCHANGES
+from broker.routing import STANDARD_EXCHANGES, topic_words_match
 from broker.store import MemoryStore, Store
 
 if TYPE_CHECKING:
@@ -218,6 +218,9 @@ class VirtualHost:
         self.delayed_pending = 0
         #: queues that received dead letters: name -> {reason: count} (for the admin API)
         self.dead_letter_queues: dict[str, dict[str, int]] = {}
+        #: where queues' ``x-dead-letter-exchange`` sends dead letters: exchange name ->
+        #: {``x-dead-letter-routing-key`` (None: the message's own key): how many queues}
+        self.dead_letter_routes: dict[str, dict[str | None, int]] = {}
 
     # ----------------------------------------------------------------- dispatch batching
 
@@ -409,6 +412,8 @@ class VirtualHost:
             **opts,
         )
         self.queues[name] = q
+        if q.dlx is not None:
+            self._dead_letter_route(q, 1)
         if durable and self.store.durable:
             self.store.save_queue(q)
             if q.pageable:
@@ -470,6 +475,8 @@ class VirtualHost:
         q.deleted = True
         count = q.ready_count
         self.queues.pop(q.name, None)
+        if q.dlx is not None:
+            self._dead_letter_route(q, -1)
         for b in list(q.bound.values()):
             if b.source.unbind(q, b.routing_key, b.arguments) is not None:
                 self._binding_gone(b, notify_queue=False)
@@ -491,6 +498,65 @@ class VirtualHost:
         if h is not None:
             h(vhost=self.name, queue=q.name, reason=reason)
         return count
+
+    # ----------------------------------------------------------------- dead-letter targets
+
+    def is_dead_letter_target(self, q: Queue) -> bool:
+        """Whether ``q`` is a dead-letter or retry target (SPEC 4: slow-consumer sections under
+        ``<virtualhost>`` or ``<topic>`` never reach one). O(bindings of ``q``).
+
+        It is one when it is a retry queue (``x-retry-target``); when a dead letter was ever
+        routed to it (a dead-letter plugin's queue, or an ``x-dead-letter-exchange`` route); or
+        when one of its bindings can receive what a queue of this vhost dead-letters through its
+        ``x-dead-letter-exchange``: a binding to that exchange whose key matches the
+        ``x-dead-letter-routing-key`` (any binding when the messages keep their own key), or,
+        for the default exchange, a queue of that name.
+        """
+        if q.retry_target is not None or q.dead_letter_target:
+            return True
+        routes = self.dead_letter_routes
+        if not routes:
+            return False
+        direct = routes.get("")
+        if direct and q.name in direct:
+            return True
+        for b in q.bound.values():
+            keys = routes.get(b.source.name)
+            if keys and _route_reaches(b, keys):
+                return True
+        return False
+
+    def mark_dead_letter_target(self, q: Queue) -> None:
+        """A dead letter was routed to ``q``: it is a dead-letter target from now on."""
+        q.dead_letter_target = True
+        if self.on_topology_change is not None:
+            self.on_topology_change(q)
+
+    def _dead_letter_route(self, q: Queue, delta: int) -> None:
+        """Count ``q``'s dead-letter route in or out, and re-resolve the queues it may reach."""
+        assert q.dlx is not None
+        keys = self.dead_letter_routes.setdefault(q.dlx, {})
+        rk = q.dlx_routing_key
+        n = keys.get(rk, 0) + delta
+        if n > 0:
+            keys[rk] = n
+        else:
+            keys.pop(rk, None)
+            if not keys:
+                del self.dead_letter_routes[q.dlx]
+        if self.on_topology_change is None:
+            return
+        if q.dlx == "":
+            target = self.queues.get(rk) if rk else None
+            if target is not None and target is not q:
+                self.on_topology_change(target)
+            return
+        ex = self.exchanges.get(q.dlx)
+        if ex is not None:
+            for b in list(ex.bindings.values()):
+                dest = b.destination
+                if isinstance(dest, Queue) and dest is not q and not dest.deleted:
+                    self.on_topology_change(dest)
 
     # ----------------------------------------------------------------- bindings
 
@@ -651,3 +717,19 @@ class VirtualHost:
 
 
 __all__ = ["EXCLUSIVE", "FAILOVER", "SHARED", "NoHooks", "VirtualHost", "queue_options"]
+
+
+def _route_reaches(b: Binding, keys: dict[str | None, int]) -> bool:
+    """Whether binding ``b`` can receive dead letters sent with one of ``keys`` (None: any key)."""
+    if None in keys:
+        return True
+    ex = b.source
+    etype = ex.type
+    if isinstance(ex, DelayedExchange):
+        etype = ex.inner.type
+    if etype == "direct":
+        return b.routing_key in keys
+    if etype == "topic":
+        pattern = b.routing_key.split(".")
+        return any(topic_words_match(pattern, (k or "").split(".")) for k in keys)
+    return True  # fanout, headers, others: whatever the key

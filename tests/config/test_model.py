@@ -82,11 +82,59 @@ def counts(p: ResolvedPolicy) -> tuple[int | None, int | None, float | None]:
     )
 
 
-def test_vhost_defaults_apply_without_bindings(vh: Any) -> None:
+def test_vhost_defaults_apply_without_bindings_except_consumer(vh: Any) -> None:
     p = vh.resolve("unbound")
-    assert counts(p) == (1000, 3, 3600.0)
+    # <consumer> reaches topic subscriptions only: an unbound queue is not one
+    assert "consumer" not in p
+    assert (p["deadLetter"].max_redeliveries, p["isolation"].ack_timeout) == (3, 3600.0)
     assert set(p.source.values()) == {"virtualhost /"}
     assert p.subscription is None
+
+
+def test_vhost_consumer_reaches_a_queue_bound_to_any_topic_exchange(vh: Any) -> None:
+    # no <topic> matches "bonds" on amq.topic except '#': use an exchange without one
+    p = vh.resolve("sub", [("orders", "topic", "bonds.x"), ("plain", "direct", "k")])
+    assert counts(p) == (1000, 3, 3600.0)
+    assert p.source["consumer"] == "virtualhost /"
+
+
+@pytest.mark.parametrize(
+    "bindings",
+    [
+        [],  # the default exchange only (a Celery-style work queue)
+        [("amq.direct", "direct", "work")],
+        [("amq.fanout", "fanout", "")],
+        [("amq.headers", "headers", "")],
+    ],
+)
+def test_vhost_consumer_never_reaches_a_queue_without_a_topic_binding(
+    vh: Any, bindings: list[tuple[str, str, str]]
+) -> None:
+    p = vh.resolve("celery", bindings)
+    assert "consumer" not in p and "isolation" in p and "deadLetter" in p
+
+
+def test_dead_letter_and_retry_targets_are_reached_by_consumer_only_by_name() -> None:
+    vh = parse_config(
+        wrap(
+            """<consumer><messageAge>1m</messageAge><policy name="Delete"/></consumer>
+<topic key="#"><consumer><messageCount>5</messageCount><policy name="Delete"/></consumer>
+  <isolation><ackTimeout>1h</ackTimeout></isolation></topic>
+<queue name="audit-DLQ"><consumer><messageCount>9</messageCount><policy name="Log"/></consumer>
+</queue>"""
+        )
+    ).vhosts["/"]
+    topic = [("amq.topic", "topic", "orders.dead")]
+    # a topic subscription: the first matching <topic> wins
+    assert vh.resolve("sub", topic)["consumer"].message_count == 5
+    # the same bindings on a dead-letter or retry target: neither <topic> nor the vhost reaches
+    # it with <consumer>; other sections still apply
+    p = vh.resolve("orders-DLQ", topic, dead_letter_target=True)
+    assert "consumer" not in p and p["isolation"].ack_timeout == 3600.0
+    # <queue name> always reaches its queue
+    named = vh.resolve("audit-DLQ", topic, dead_letter_target=True)
+    assert named["consumer"].message_count == 9
+    assert named.source["consumer"] == "queue audit-DLQ"
 
 
 def test_queue_wins_per_section_and_topic_supplies_the_rest(vh: Any) -> None:
@@ -145,7 +193,8 @@ def test_direct_exchange_binding_never_matches_a_topic(vh: Any) -> None:
     p = vh.resolve(
         "d", [("amq.topic", "direct", "stocks.us.x"), ("plain", "direct", "stocks.us.x")]
     )
-    assert counts(p) == (1000, 3, 3600.0)
+    assert "consumer" not in p  # no topic binding: not a topic subscription
+    assert (p["deadLetter"].max_redeliveries, p["isolation"].ack_timeout) == (3, 3600.0)
     assert set(p.source.values()) == {"virtualhost /"}
 
 
@@ -156,7 +205,7 @@ def test_resolve_accepts_any_iterable_and_reports_subscription() -> None:
 
 
 def test_resolved_policy_is_a_read_only_mapping(vh: Any) -> None:
-    p = vh.resolve("work")
+    p = vh.resolve("work", [("amq.topic", "topic", "bonds")])
     assert set(p) == {"deadLetter", "consumer", "isolation"} and len(p) == 3
     assert isinstance(p["consumer"], SlowConsumerConfig)
     with pytest.raises(AttributeError):
@@ -211,14 +260,22 @@ def test_describe_lists_policies_and_their_sources(vh: Any) -> None:
     work = lines.index("  queue work (subscription shared (default)):")
     block = "\n".join(lines[work : work + 5])
     assert "deadLetter  maxRedeliveries 7, DLQ work-DLQ  <- queue work" in block
-    assert "consumer    messageCount 1000, policy Log  <- virtualhost /" in block
+    assert "consumer" not in block.split("if bound")[0]  # no binding: not a subscription
     assert "that topic supplies: consumer, isolation" in block
+    assert "if it is a topic subscription, virtualhost / supplies: consumer" in block
     assert (
         "  topic stocks.us.* on amq.topic (queues bound to amq.topic with a key it matches):"
         in lines
     )
     assert "    consumer    messageCount 50, policy Delete" in lines
     assert "  topic orders.* on orders (queues bound to orders with a key it matches):" in lines
+    reach = lines.index("  reach of <consumer> (topic subscriptions only, except by <queue name>):")
+    assert lines[reach + 1 : reach + 3] == [
+        "    virtualhost /: queues bound to a topic exchange; never one bound only to direct, "
+        "fanout or the default exchange; never a dead-letter or retry target",
+        "    topic stocks.us.* on amq.topic: queues bound to amq.topic with a key it matches; "
+        "never a dead-letter or retry target",
+    ]
 
 
 def test_describe_shows_broker_settings() -> None:

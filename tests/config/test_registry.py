@@ -49,3 +49,20 @@ def test_register_checks_level_and_parser() -> None:
     reg.register("statsd", throttle_parser, level="broker")
     assert reg.broker_element("statsd") is throttle_parser and reg.get("statsd") is None
     assert reg.broker_names == frozenset({"statsd"}) and reg.section_names == frozenset()
+
+
+def test_reach_marks_topic_subscription_only_sections() -> None:
+    from broker.config import REACH_TOPIC_SUBSCRIPTIONS
+
+    reg = ConfigElementRegistry()
+    reg.register("throttle", throttle_parser)
+    reg.register("lag", throttle_parser, reach=REACH_TOPIC_SUBSCRIPTIONS)
+    assert reg.topic_only_sections == frozenset({"lag"})
+    with pytest.raises(ValueError, match="reach must be"):
+        reg.register("x", throttle_parser, reach="queues")
+    with pytest.raises(ValueError, match="reach must be"):
+        reg.register("y", throttle_parser, level="broker", reach=REACH_TOPIC_SUBSCRIPTIONS)
+    # the built-in <consumer> is one
+    from broker.config import builtin_registry
+
+    assert "consumer" in builtin_registry().topic_only_sections

@@ -406,3 +406,87 @@ def test_operator_scenario_on_the_real_scheduler(start):
     finally:
         stop.set()
         t.join(5)
+
+
+# ---------------------------------------------------------------------------------- scope
+
+#: a vhost-level <consumer> with a short age that may delete durable queues too (Celery's are
+#: durable), and a queue with a retry path (the dead-letter plugin declares work-RETRY for it)
+SCOPE = (
+    '<consumer><messageAge>200ms</messageAge><policy name="Delete">'
+    '<options><option name="delete-persistent" value="true"/></options></policy></consumer>'
+    '<queue name="work" durable="false"><deadLetter><maxRedeliveries>2</maxRedeliveries>'
+    "<retry><levels>5m</levels></retry></deadLetter></queue>"
+)
+
+
+def test_vhost_consumer_reaches_topic_subscriptions_only(broker_factory):
+    b = broker_factory(SCOPE, period="600000")
+    with kombu.Connection(b.url()) as kc, connect(b) as conn:
+        # a Celery-style work queue: a direct exchange, a worker holding its message unacked
+        celery = kombu.Queue("celery", kombu.Exchange("celery", "direct"), routing_key="celery")
+        producer = kc.Producer()
+        producer.publish(
+            {"task": "t"}, exchange=celery.exchange, routing_key="celery", declare=[celery]
+        )
+        producer.publish({"task": "u"}, exchange=celery.exchange, routing_key="celery")
+        held: list[kombu.Message] = []
+        worker = kc.Consumer(celery, callbacks=[lambda body, m: held.append(m)], prefetch_count=1)
+        worker.consume()
+        kc.drain_events(timeout=2)
+        assert len(held) == 1
+        # the retry queue the broker declared, holding a 5-minute retry
+        ch = conn.channel()
+        ch.confirm_select()
+        retry = amqp.Message(b"retry me", application_headers={"x-retry-level": 1})
+        ch.basic_publish(retry, "", "work-RETRY")
+        # a retry queue a client also bound to a topic exchange is still a retry target
+        ch.queue_bind("work-RETRY", "amq.topic", "retries.#")
+        # a DLQ bound to a topic exchange that a queue dead-letters into
+        ch.queue_declare(
+            "src",
+            auto_delete=False,
+            arguments={
+                "x-dead-letter-exchange": "amq.topic",
+                "x-dead-letter-routing-key": "dead.src",
+            },
+        )
+        ch.queue_declare("src-dead", auto_delete=False)
+        ch.queue_bind("src-dead", "amq.topic", "dead.#")
+        ch.basic_publish(amqp.Message(b"dead"), "amq.topic", "dead.src")
+        # a topic subscription with a slow consumer
+        sub_ch, qname = subscribe(conn)
+        got: list[amqp.Message] = []
+        sub_ch.basic_consume(qname, callback=got.append)
+        publish(b, 3)
+        drain_until(conn, lambda: len(got) == 1)
+        time.sleep(0.3)  # every queue now holds a message older than messageAge
+        check(b)
+        assert expect_506(conn).reply_code == 506
+        assert not queue_exists(b, qname)
+        for name in ("celery", "work-RETRY", "src-dead"):
+            assert queue_exists(b, name), name
+        assert b.call(lambda: b.broker.vhosts["/"].queues["work-RETRY"].message_count) == 1
+        assert b.call(lambda: b.broker.vhosts["/"].queues["src-dead"].message_count) == 1
+        # the worker was never touched: it acks and gets the next task on the same channel
+        held[0].ack()
+        kc.drain_events(timeout=2)
+        assert [m.payload["task"] for m in held] == ["t", "u"]
+        held[1].ack()
+
+
+def test_queue_consumer_reaches_its_queue_however_it_is_bound(broker_factory):
+    b = broker_factory(
+        '<queue name="celery"><consumer><messageAge>200ms</messageAge><policy name="Delete">'
+        '<options><option name="delete-persistent" value="true"/></options></policy>'
+        "</consumer></queue>",
+        period="600000",
+    )
+    with kombu.Connection(b.url()) as kc:
+        celery = kombu.Queue("celery", kombu.Exchange("celery", "direct"), routing_key="celery")
+        kc.Producer().publish(
+            {"task": "t"}, exchange=celery.exchange, routing_key="celery", declare=[celery]
+        )
+        time.sleep(0.3)
+        check(b)
+        assert not queue_exists(b, "celery")
