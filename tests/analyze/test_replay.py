@@ -96,6 +96,20 @@ def test_slow_consumer_delete_fires_once_at_the_first_check_over_the_threshold()
     assert first["outcome"] == "applied"
 
 
+def test_a_vhost_consumer_reaches_only_topic_subscriptions_in_the_replay_too():
+    r = replayer('<consumer><messageCount>5</messageCount><policy name="Delete"/></consumer>')
+    for name, exchange, etype in (("work", "amq.direct", "direct"), ("sub", "amq.topic", "topic")):
+        r.feed_all(
+            [
+                ev("queue_declared", 0, name, durable=False, detail="shared"),
+                ev("queue_bound", 0, name, exchange=exchange, routing_key=name, detail=etype),
+            ]
+        )
+        r.feed_all(publish(1 + i * 0.1, i + (100 if name == "sub" else 0), name) for i in range(8))
+    actions = r.finish(T0 + 5)
+    assert {a["queue"] for a in actions} == {"sub"}
+
+
 def test_snapshot_figures_follow_the_messages():
     r = replayer("")
     r.feed_all(topic_queue())
