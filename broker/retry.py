@@ -1,4 +1,5 @@
-"""Client side of the retry queue: ``reconsume_later`` for kombu consumers (TDMQ's API).
+"""Client side of the retry queue: ``reconsume_later`` for kombu and py-amqp consumers (TDMQ's
+reconsumeLater, with the decisions made by the broker).
 
 ::
 
@@ -10,29 +11,30 @@
             message.ack()
         except TemporaryFailure:
             reconsume_later(message, delay=30)      # any delay, 1 s .. 864,000 s
-            # reconsume_later(message, level=3)     # the 3rd delay level (10 s by default)
+            # reconsume_later(message, level=3)     # the 3rd delay level of the queue
             # reconsume_later(message)              # the next level: 1 s, 5 s, 10 s, ...
 
-Each call publishes a copy of the message to the queue's retry queue (``{queue}-RETRY``, declared
-by the broker when the queue has ``<deadLetter><retry>``) with the properties ``REAL_TOPIC``
-(the original queue), ``ORIGIN_MESSAGE_ID``, ``RETRY_TOPIC`` (the retry queue) and
-``RECONSUMETIMES`` (how many times it was reconsumed), then acks the original. When the delay
-has passed the broker puts the copy back on the original queue, so the same consumers get it.
-Past ``max_reconsume`` retries the message goes to the dead-letter queue instead.
-
-The copy is published before the original is acked: a crash in between delivers the message
-twice rather than losing it (at-least-once).
+The helper asks the broker to retry the delivery: it publishes an empty message to the reserved
+exchange ``amq.retry`` naming the delivery (its channel and delivery tag), on a channel of the
+same connection in confirm mode. The broker copies the message it holds into the queue's retry
+queue with ``REAL_TOPIC``, ``ORIGIN_MESSAGE_ID``, ``RETRY_TOPIC`` and ``RECONSUMETIMES``, or,
+past the queue's ``<maxRedeliveries>``, into its dead-letter queue; the retry queue, its delay
+levels, the limit and the dead-letter queue are the broker's configuration (``<deadLetter>``),
+never the client's. Only when the broker has confirmed the copy does the helper ack the
+original: a crash in between delivers the message twice rather than losing it. When the broker
+refuses (the queue has no ``<retry>``, a level past the queue's last), the helper raises
+:class:`RetryError` with the broker's reason and the message stays unacked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
 from typing import Any
 
 #: TDMQ's MESSAGE_DELAYLEVEL, in seconds: the default ``<retry><levels>`` of the broker too
 #: (``1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h``). This module is the one home
-#: of the retry contract's numbers; it imports nothing from the broker, so kombu consumers can use
-#: it on their own.
+#: of the retry contract's numbers; it imports nothing from the broker (py-amqp only when it
+#: sends a request), so kombu consumers can use it on their own.
 DEFAULT_LEVELS: tuple[float, ...] = (
     1.0,
     5.0,
@@ -56,114 +58,99 @@ DEFAULT_LEVELS: tuple[float, ...] = (
 #: the range of a retry delay, seconds (SPEC section 7: 1 s to 864,000 s, ten days)
 MIN_DELAY = 1.0
 MAX_DELAY = 864_000.0
+#: ``<maxRedeliveries>``'s default, the limit of reconsumes too
 DEFAULT_MAX_RECONSUME = 16
-
-RETRIED = "retry"
-DEAD_LETTERED = "dead-letter"
 
 
 class RetryError(ValueError):
-    """A delay or level out of range, or no way to tell which queue the message came from."""
+    """The broker refused the retry (the reason is the message), or a delay or level out of
+    range; the message was left unacked."""
 
 
-def original_queue(message: Any, queue: str | None = None) -> str:
-    """The queue a message is retried on: ``REAL_TOPIC`` if it was retried before, else
-    ``queue``, else its routing key (right when it was published to the default exchange)."""
-    headers = message.headers or {}
-    name = headers.get("REAL_TOPIC") or queue or message.delivery_info.get("routing_key")
-    if not name:
-        raise RetryError("cannot tell which queue the message came from: pass queue=")
-    return str(name)
+#: the reserved exchange every virtual host has for retry requests
+RETRY_EXCHANGE = "amq.retry"
+#: headers of a retry request: the channel id and delivery tag of the delivery to retry
+CHANNEL_HEADER = "x-reconsume-channel"
+TAG_HEADER = "x-reconsume-tag"
 
 
 def reconsume_later(
-    message: Any,
-    delay: float | None = None,
-    level: int | None = None,
-    *,
-    queue: str | None = None,
-    retry_queue: str | None = None,
-    dead_letter_queue: str | None = None,
-    max_reconsume: int = DEFAULT_MAX_RECONSUME,
-    levels: Sequence[float] = DEFAULT_LEVELS,
-) -> str:
-    """Consume ``message`` again later; returns :data:`RETRIED` or :data:`DEAD_LETTERED`.
+    message: Any, delay: float | None = None, level: int | None = None, *, timeout: float = 10.0
+) -> None:
+    """Consume ``message`` again later (or dead-letter it, when it has used up its retries).
 
-    :param message: the kombu message being handled (not yet acked).
+    :param message: the kombu (py-amqp transport) or py-amqp message being handled, delivered
+        with manual acks and not yet acked.
     :param delay: seconds, 1 to 864,000.
-    :param level: a 1-based delay level; the broker's ``<retry><levels>`` give its delay.
-    :param queue: the original queue, when the message was not published to it by name.
-    :param retry_queue: default ``{queue}-RETRY``.
-    :param dead_letter_queue: default ``{queue}-DLQ``.
-    :param max_reconsume: retries before the message goes to the dead-letter queue (16).
-    :param levels: only to check ``level``'s range on the client; the broker's own levels
-        decide the delay.
-    :raises RetryError: out-of-range delay or level (the message is left unacked).
+    :param level: a 1-based delay level of the queue's ``<retry><levels>``. With neither,
+        the level after the message's ``RECONSUMETIMES`` (1 s, 5 s, 10 s, ... by default).
+    :param timeout: seconds to wait for the broker's confirm.
+    :raises RetryError: the broker refused (no retry configured for the queue, a level out
+        of range, the delivery already settled), or a delay out of range; the message is left
+        unacked.
     """
     if delay is not None and level is not None:
         raise RetryError("give delay or level, not both")
     if delay is not None and not (MIN_DELAY <= delay <= MAX_DELAY):
         raise RetryError(f"delay {delay!r} s is out of range: {MIN_DELAY:g} to {MAX_DELAY:g} s")
-    if level is not None and not (1 <= level <= len(levels)):
-        raise RetryError(f"level {level!r} is out of range: 1 to {len(levels)}")
-    name = original_queue(message, queue)
-    headers = dict(message.headers or {})
-    times = int(headers.get("RECONSUMETIMES", 0)) + 1
-    retry_name = retry_queue or f"{name}-RETRY"
-    props = message.properties or {}
-    headers.update(
-        {
-            "REAL_TOPIC": name,
-            "ORIGIN_MESSAGE_ID": headers.get("ORIGIN_MESSAGE_ID")
-            or props.get("message_id")
-            or f"{name}/{message.delivery_tag}",
-            "RETRY_TOPIC": retry_name,
-            "RECONSUMETIMES": times,
-        }
-    )
-    headers.pop("x-delay", None)
-    headers.pop("x-retry-level", None)
-    if times > max_reconsume:
-        target = dead_letter_queue or f"{name}-DLQ"
-        message.channel.queue_declare(queue=target, durable=True, auto_delete=False)
-        outcome = DEAD_LETTERED
-    else:
-        target = retry_name
-        if delay is not None:
-            headers["x-delay"] = round(delay * 1000)
-        elif level is not None:
-            headers["x-retry-level"] = level
-        outcome = RETRIED  # neither: the broker takes the level after RECONSUMETIMES
-    _publish_copy(message, target, headers)
-    message.ack()
-    return outcome
+    if level is not None and (isinstance(level, bool) or not isinstance(level, int) or level < 1):
+        raise RetryError(f"level {level!r} is out of range: levels start at 1")
+    channel = getattr(message, "channel", None)
+    tag = getattr(message, "delivery_tag", None)
+    if channel is None or tag is None:
+        raise RetryError("the message has no channel or delivery tag: was it delivered?")
+    headers: dict[str, Any] = {CHANNEL_HEADER: channel.channel_id, TAG_HEADER: tag}
+    if delay is not None:
+        headers["x-delay"] = round(delay * 1000)
+    elif level is not None:
+        headers["x-retry-level"] = level
+    _request(channel.connection, headers, timeout)
+    _ack(message, channel, tag)
 
 
-def _publish_copy(message: Any, queue: str, headers: dict[str, Any]) -> None:
-    channel = message.channel
-    props = dict(message.properties or {})
-    props.pop("application_headers", None)
-    body = message.body
-    msg = channel.prepare_message(
-        body,
-        priority=props.get("priority"),
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        headers=headers,
-        properties={
-            k: v
-            for k, v in props.items()
-            if k
-            in (
-                "delivery_mode",
-                "correlation_id",
-                "reply_to",
-                "message_id",
-                "timestamp",
-                "type",
-                "app_id",
-                "expiration",
-            )
-        },
-    )
-    channel.basic_publish(msg, exchange="", routing_key=queue)
+def _request(connection: Any, headers: dict[str, Any], timeout: float) -> None:
+    """Publish a retry request on the connection's retry channel; wait for the confirm."""
+    import amqp
+
+    ch = _retry_channel(connection)
+    returned: list[str] = ch.retry_refusals
+    returned.clear()
+    try:
+        ch.basic_publish_confirm(
+            amqp.Message(b"", application_headers=headers),
+            exchange=RETRY_EXCHANGE,
+            routing_key="",
+            mandatory=True,
+            confirm_timeout=timeout,
+        )
+    except amqp.exceptions.MessageNacked:
+        raise RetryError(
+            returned[0] if returned else "the broker refused the retry (see its log)"
+        ) from None
+
+
+def _retry_channel(connection: Any) -> Any:
+    """One channel per connection for retry requests, in confirm mode (the consumer's own
+    channel stays as it is)."""
+    ch = _CHANNELS.get(connection)
+    if ch is None or not ch.is_open:
+        ch = connection.channel()  # basic_publish_confirm turns confirm mode on
+        ch.retry_refusals = []
+
+        def on_return(exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+            ch.retry_refusals.append(getattr(exc, "reply_text", None) or str(exc))
+
+        ch.events["basic_return"].add(on_return)
+        _CHANNELS[connection] = ch
+    return ch
+
+
+def _ack(message: Any, channel: Any, tag: int) -> None:
+    ack = getattr(message, "ack", None)
+    if callable(ack):  # kombu: its state says acked too
+        ack()
+    else:  # py-amqp
+        channel.basic_ack(tag)
+
+
+_CHANNELS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

@@ -165,6 +165,10 @@ DEFAULT_EXCHANGE_RESOURCE = "amq.default"
 MAX_PERMISSION_MEMO = 1024
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 class Channel:
     """One AMQP channel: consumers, unacked deliveries, prefetch, confirms and transactions."""
 
@@ -1350,6 +1354,9 @@ class Connection:
         if ch.confirm:
             ch.publish_seq += 1
             seq = ch.publish_seq
+        if ex is vh.retry_exchange:
+            self._reconsume(ch, ev, msg, seq)
+            return
         try:  # headers are decoded only here, when an exchange needs them
             delay = DelayedExchange.delay_of(msg) if ex.type == "x-delayed-message" else 0.0
             queues = vh.route(ex, msg) if delay <= 0 else []
@@ -1393,6 +1400,89 @@ class Connection:
             if refused:
                 self.send(ch.id, "basic.nack", seq, False, False)
             elif msg.persistent and vh.store.durable and any(q.durable for q in taken):
+                vh.store.after_durable(lambda: self._confirm(ch, seq) if not ch.closing else None)
+            else:
+                self.send(ch.id, "basic.ack", seq, False)
+
+    def _reconsume(self, ch: Channel, ev: Publish, request: Message, seq: int) -> None:
+        """A publish to ``amq.retry``: retry the unacked delivery it names (headers
+        ``x-reconsume-channel``, ``x-reconsume-tag``, optional ``x-delay`` in ms or
+        ``x-retry-level``) on the broker's side (:func:`broker.domain.fate.reconsume`).
+
+        Confirmed once the copy is safe (written, for a persistent one); refused with a
+        ``basic.return`` carrying the reason (when mandatory) and a ``basic.nack`` in confirm
+        mode, else with channel error 406; the delivery itself stays unacked either way."""
+        vh = ch.vhost
+        try:
+            try:
+                h = request.headers if request._hoff >= 0 else {}
+            except PropertiesError as exc:
+                raise fate.RetryRefused(str(exc)) from None
+            chan_id = h.get("x-reconsume-channel")
+            tag = h.get("x-reconsume-tag")
+            if not _is_int(chan_id) or not _is_int(tag):
+                raise fate.RetryRefused(
+                    "a publish to amq.retry names a delivery with integer headers "
+                    "x-reconsume-channel and x-reconsume-tag"
+                )
+            dch = self.channels.get(chan_id)
+            entry = dch.unacked.get(tag) if dch is not None and not dch.closing else None
+            if entry is None:
+                raise fate.RetryRefused(
+                    f"no unacked delivery with tag {tag} on channel {chan_id} of this connection"
+                )
+            msg, q, _consumer = entry
+            if q.vhost is not vh:
+                raise fate.RetryRefused("the delivery is from another vhost")
+            delay_ms = h.get("x-delay")
+            level = h.get("x-retry-level")
+            if delay_ms is not None and not isinstance(delay_ms, (int, float)):
+                raise fate.RetryRefused("x-delay must be a number of milliseconds")
+            if level is not None and not _is_int(level):
+                raise fate.RetryRefused("x-retry-level must be an integer")
+            outcome, copy = fate.reconsume(
+                q,
+                msg,
+                delay=delay_ms / 1000.0 if delay_ms is not None else None,
+                level=level,
+            )
+        except fate.RetryRefused as exc:
+            text = f"PRECONDITION_FAILED - retry refused: {exc}"
+            log.warning(
+                "connection %s channel %d: %s",
+                self.id,
+                ch.id,
+                text.removeprefix("PRECONDITION_FAILED - "),
+            )
+            if not seq:
+                raise ChannelError(PRECONDITION_FAILED, text, BASIC_PUBLISH) from None
+            if ev.mandatory:
+                self.out.append(
+                    self.codec.encode_method(
+                        ch.id,
+                        "basic.return",
+                        PRECONDITION_FAILED,
+                        text[:255],
+                        ev.exchange,
+                        ev.routing_key,
+                    )
+                )
+                self.out.append(
+                    self.codec.encode_content(ch.id, ev.body_size, ev.properties, ev.body)
+                )
+            self.send(ch.id, "basic.nack", seq, False, False)
+            return
+        hp = self.broker.hooks.message_published
+        if hp is not None and outcome == fate.RETRIED:
+            hp(
+                vhost=vh.name,
+                exchange=ev.exchange,
+                routing_key=ev.routing_key,
+                message=copy,
+                queues=(copy.queue_name,),
+            )
+        if seq:
+            if copy.persistent and vh.store.durable:
                 vh.store.after_durable(lambda: self._confirm(ch, seq) if not ch.closing else None)
             else:
                 self.send(ch.id, "basic.ack", seq, False)

@@ -15,14 +15,16 @@ For every queue a ``<deadLetter>`` element applies to:
   ``next(redelivery_count)`` seconds: ``fixed``, ``exponential``, ``levels`` or a custom class a
   plugin registered with ``registry.register_backoff(name, factory)``.
 * **Retry queue** (TDMQ's reconsumeLater): with ``<retry>``, the broker declares
-  ``{queue}-RETRY`` next to the queue. A message published there (by
-  :func:`broker.retry.reconsume_later`) waits its delay, then goes back to the queue, where the
-  same consumers get it.
+  ``{queue}-RETRY`` next to the queue. A retry that :func:`broker.retry.reconsume_later` asks
+  for (the broker does it: :func:`broker.domain.fate.reconsume`) waits its delay there, then
+  goes back to the queue, where the same consumers get it; past ``maxRedeliveries`` it is
+  dead-lettered. Dead letters of a queue with a retry queue carry ``RETRY_TOPIC``.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from broker.config import ConfigElementRegistry
@@ -144,25 +146,33 @@ class DeadLetterPlugin:
         if dlq == queue:
             return None
         self._made.add((vhost, dlq))
+        retry = cfg.retry.queue_name(queue) if cfg.retry is not None else None
         return DeadLetterTarget(
             exchange="",
             routing_key=dlq,
-            headers=dead_letter_headers(message, queue, vhost),
+            headers=dead_letter_headers(message, queue, retry),
             declare_queue=dlq,
         )
 
 
-def dead_letter_headers(message: Any, queue: str, vhost: str) -> dict[str, Any]:
-    """TDMQ's properties for a dead letter; values already set by a retry are kept."""
+def dead_letter_headers(message: Any, queue: str, retry_queue: str | None) -> dict[str, Any]:
+    """TDMQ's properties for a dead letter; values already set by a retry are kept.
+
+    ``ORIGIN_MESSAGE_ID`` is the one a retry set, else the publisher's ``message_id``, else a
+    new unique id. ``RETRY_TOPIC`` names the queue's retry queue when it has one (or the one
+    an earlier retry named).
+    """
     headers = message.headers
-    origin = headers.get("ORIGIN_MESSAGE_ID")
-    if origin is None:
-        origin = message.message_id or f"{vhost}/{queue}/{message.id}"
-    return {
+    origin = headers.get("ORIGIN_MESSAGE_ID") or message.message_id or uuid.uuid4().hex
+    out = {
         "REAL_TOPIC": headers.get("REAL_TOPIC", queue),
         "ORIGIN_MESSAGE_ID": origin,
         "RECONSUMETIMES": headers.get("RECONSUMETIMES", 0),
     }
+    retry = headers.get("RETRY_TOPIC") or retry_queue
+    if retry:
+        out["RETRY_TOPIC"] = retry
+    return out
 
 
 def make_plugin() -> DeadLetterPlugin:

@@ -257,6 +257,24 @@ EXCHANGE_TYPES: dict[str, type[Exchange]] = {
 
 DELAYED_TYPE = "x-delayed-message"
 
+#: the reserved exchange through which a consumer asks the broker to retry one of its
+#: deliveries (``broker.retry.reconsume_later``); every virtual host has it
+RETRY_EXCHANGE = "amq.retry"
+RETRY_TYPE = "x-retry"
+
+
+class RetryExchange(Exchange):
+    """``amq.retry``: routes nothing by itself. A publish to it names an unacked delivery of
+    the same connection (headers ``x-reconsume-channel`` and ``x-reconsume-tag``); the session
+    hands it to :func:`broker.domain.fate.reconsume`, which copies that delivery into its
+    queue's retry queue (or the dead-letter queue) on the broker's side."""
+
+    type = RETRY_TYPE
+    __slots__ = ()
+
+    def route(self, msg: Message) -> Iterable[Destination]:
+        return ()
+
 
 class DelayedExchange(Exchange):
     """``x-delayed-message``: holds a message for its ``x-delay`` header (ms), then routes it

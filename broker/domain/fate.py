@@ -15,8 +15,10 @@ or taken back from an isolated consumer is one function of this module:
 :func:`dead_letter_or_drop` to the dead-letter target if the queue has one, else dropped
 :func:`dead_letter`         republish to the dead-letter target with RabbitMQ's ``x-death``
 :func:`forward`             a copy into another queue: retry-queue forwarding and redrive
+:func:`reconsume`           a consumer asked to retry a delivery: a copy to the retry queue or DLQ
 :func:`retry_due`           a retry queue's hold ran out: the message goes back to its target
 :func:`redrive`             a dead-letter queue's messages go back to where they died
+:func:`plan_redrive`        which of them would go where (a dry run, and each paced step)
 :func:`isolate`             blocklist a consumer and requeue its unacked messages to the others
 :func:`release`             take a consumer off the blocklist
 ==========================  ======================================================================
@@ -34,7 +36,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from broker.retry import DEFAULT_MAX_RECONSUME, MAX_DELAY, MIN_DELAY
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -568,31 +574,220 @@ def original_queue_of(msg: Message) -> str | None:
     return None
 
 
-def redrive(q: Queue, limit: int | None = None) -> tuple[dict[str, int], int]:
-    """Move the ready messages of dead-letter queue ``q`` back to the queue each came from.
+def death_reason_of(msg: Message) -> str | None:
+    """Why a dead letter died last: its newest ``x-death`` record's reason (None if it has
+    none: then it was not dead-lettered by a broker)."""
+    if msg._hoff < 0:
+        return None
+    h = msg.headers
+    deaths = h.get("x-death")
+    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        reason = deaths[0].get("reason")
+        if isinstance(reason, bytes):
+            reason = reason.decode(errors="replace")
+        return reason if isinstance(reason, str) else None
+    last = h.get("x-last-death-reason")
+    return last if isinstance(last, str) else None
 
-    A message whose origin is unknown or gone, or whose origin refuses it, stays. Returns
-    ``({target queue: moved}, kept)``.
+
+def origin_message_id(msg: Message) -> str:
+    """``ORIGIN_MESSAGE_ID`` for a retry or a dead letter of ``msg``: the one it carries already
+    (set by an earlier retry), else its ``message_id`` property, else a new unique id (kept in
+    the header from then on, so it stays the same across retries)."""
+    if msg._hoff >= 0:
+        origin = msg.headers.get("ORIGIN_MESSAGE_ID")
+        if isinstance(origin, bytes):
+            origin = origin.decode(errors="replace")
+        if isinstance(origin, str) and origin:
+            return origin
+    mid = msg.message_id
+    if isinstance(mid, bytes):
+        mid = mid.decode(errors="replace")
+    if isinstance(mid, str) and mid:
+        return mid
+    return uuid.uuid4().hex
+
+
+# --------------------------------------------------------------------------- reconsume
+
+RETRIED = "retry"
+DEAD_LETTERED = "dead-letter"
+
+
+class RetryRefused(Exception):
+    """A retry the broker will not do; the text says why (it goes back to the client)."""
+
+
+def reconsume(
+    q: Queue, msg: Message, *, delay: float | None = None, level: int | None = None
+) -> tuple[str, Message]:
+    """A consumer asked to retry ``msg``, an unacked delivery from ``q`` (TDMQ's
+    reconsumeLater, done by the broker: :func:`broker.retry.reconsume_later` asks for it
+    through ``amq.retry``).
+
+    A copy gets TDMQ's headers (``REAL_TOPIC`` the queue, ``ORIGIN_MESSAGE_ID``,
+    ``RETRY_TOPIC`` the retry queue, ``RECONSUMETIMES`` one more than before) and goes to the
+    queue's retry queue, which holds it for ``delay`` seconds, the delay of ``level``, or the
+    level after ``RECONSUMETIMES``, then puts it back on ``q``. Past the queue's limit
+    (``<maxRedeliveries>``) the copy is dead-lettered instead, reason ``delivery_limit``.
+    The original is not touched: the client acks it once the broker confirmed the copy.
+
+    :returns: ``(RETRIED or DEAD_LETTERED, the copy)``.
+    :raises RetryRefused: ``q`` has no retry queue, a delay or level out of range, or no
+        queue would take the copy (the client then leaves the original unacked).
     """
     vh = q.vhost
-    moved: dict[str, int] = {}
-    n = 0
+    retry_q = vh.retry_queue_of(q.name) if q.retry_target is None else None
+    if retry_q is None:
+        raise RetryRefused(
+            f"queue '{q.name}' in vhost '{vh.name}' has no retry queue "
+            "(configure <deadLetter><retry> for it)"
+        )
+    if delay is not None and not (MIN_DELAY <= delay <= MAX_DELAY):
+        raise RetryRefused(f"delay {delay:g} s is out of range: {MIN_DELAY:g} to {MAX_DELAY:g} s")
+    levels = retry_q.retry_levels
+    if level is not None and not (1 <= level <= len(levels)):
+        raise RetryRefused(
+            f"level {level} is out of range for queue '{q.name}': 1 to {len(levels)}"
+        )
+    if not _ensure_body(q, msg):
+        raise RetryRefused(f"message {msg.id} of queue '{q.name}' has no body")
+    props = msg.decoded
+    headers = dict(props.get("application_headers") or {})
+    times = _count(headers.get("RECONSUMETIMES")) + 1
+    headers["REAL_TOPIC"] = q.name
+    headers["ORIGIN_MESSAGE_ID"] = origin_message_id(msg)
+    headers["RETRY_TOPIC"] = retry_q.name
+    headers["RECONSUMETIMES"] = times
+    for name in ("x-delay", "x-retry-level", "x-delivery-count"):
+        headers.pop(name, None)
+    limit = q.delivery_limit if q.delivery_limit is not None else DEFAULT_MAX_RECONSUME
+    dead = times > limit
+    if not dead:
+        if delay is not None:
+            headers["x-delay"] = round(delay * 1000)
+        elif level is not None:
+            headers["x-retry-level"] = level
+    props["application_headers"] = headers
+    copy = msg.with_properties(props, vh.ids.next())
+    copy.arrival = vh.clock.monotonic()
+    copy.timestamp = vh.clock.time()
+    if dead:
+        if not dead_letter(q, copy, "delivery_limit"):
+            raise RetryRefused(
+                f"queue '{q.name}' in vhost '{vh.name}' has used up its retries and has no "
+                "dead-letter queue"
+            )
+        return DEAD_LETTERED, copy
+    if retry_q.refuses(copy):
+        raise RetryRefused(f"retry queue '{retry_q.name}' in vhost '{vh.name}' is full")
+    taken, _ = vh.deliver_to_queues([retry_q], copy)
+    if not taken:
+        raise RetryRefused(f"retry queue '{retry_q.name}' in vhost '{vh.name}' is full")
+    return RETRIED, copy
+
+
+def _count(raw: object) -> int:
+    if isinstance(raw, (bytes, str)):
+        raw = raw.decode() if isinstance(raw, bytes) else raw
+        return int(raw) if raw.isdigit() else 0
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
+        return raw
+    return 0
+
+
+# --------------------------------------------------------------------------- redrive
+
+
+@dataclass(frozen=True, slots=True)
+class RedrivePlan:
+    """What a redrive moves (or would move): ``[(message, target queue)]``, and how many
+    dead letters stay (origin unknown, gone or full; or filtered out by reason)."""
+
+    moves: list[tuple[Message, Queue]]
+    kept: int
+    skipped: int
+
+
+def plan_redrive(
+    q: Queue,
+    *,
+    limit: int | None = None,
+    reasons: frozenset[str] | None = None,
+    exclude: set[int] | None = None,
+) -> RedrivePlan:
+    """Which ready messages of dead-letter queue ``q`` a redrive would move, oldest first.
+
+    :param reasons: only dead letters whose last ``x-death`` reason is one of these.
+    :param exclude: message ids to pass over (kept by an earlier step of a paced redrive).
+    """
+    vh = q.vhost
+    moves: list[tuple[Message, Queue]] = []
     kept = 0
-    for m in list(q.ready):
-        if limit is not None and n >= limit:
+    skipped = 0
+    for m in q.ready:
+        if limit is not None and len(moves) >= limit:
             break
+        if exclude is not None and m.id in exclude:
+            continue
+        if reasons is not None and death_reason_of(m) not in reasons:
+            skipped += 1
+            continue
         origin = original_queue_of(m)
         target = vh.queues.get(origin) if origin else None
-        if target is None or target is q:
+        if target is None or target is q or target.refuses(m):
             kept += 1
             continue
-        if forward(q, m, target, "redrive", reset_count=True) is None:
-            kept += 1  # the target refused it (overflow): it stays a dead letter
-            continue
-        q.take_ready(m)
-        q.settle(m)
-        moved[target.name] = moved.get(target.name, 0) + 1
-        n += 1
+        moves.append((m, target))
+    return RedrivePlan(moves, kept, skipped)
+
+
+def redrive_one(q: Queue, m: Message, target: Queue, *, reset: bool) -> bool:
+    """Move one dead letter back to ``target``; False if it could not go (it stays).
+
+    With ``reset`` the copy starts again: delivery count 0 and no ``RECONSUMETIMES``, so a
+    message that used up its retries gets them all again.
+    """
+    if target.deleted or m.id not in q.held:
+        return False
+    moving = m
+    if reset and m._hoff >= 0 and "RECONSUMETIMES" in m.headers:
+        if not _ensure_body(q, m):
+            return False
+        props = m.decoded
+        headers = dict(props.get("application_headers") or {})
+        headers.pop("RECONSUMETIMES", None)
+        props["application_headers"] = headers
+        moving = m.with_properties(props, m.id)
+    if forward(q, moving, target, "redrive", reset_count=reset) is None:
+        return False
+    q.take_ready(m)
+    q.settle(m)
+    return True
+
+
+def redrive(
+    q: Queue,
+    limit: int | None = None,
+    *,
+    reasons: frozenset[str] | None = None,
+    reset: bool = True,
+) -> tuple[dict[str, int], int]:
+    """Move the ready messages of dead-letter queue ``q`` back to the queue each came from,
+    now (for a paced redrive, see :class:`broker.core.api.BrokerAPI.redrive`).
+
+    A message whose origin is unknown or gone, or whose origin refuses it, stays; so does one
+    whose last death reason is not in ``reasons`` (when given). Returns
+    ``({target queue: moved}, kept)``.
+    """
+    plan = plan_redrive(q, limit=limit, reasons=reasons)
+    moved: dict[str, int] = {}
+    kept = plan.kept + plan.skipped
+    for m, target in plan.moves:
+        if redrive_one(q, m, target, reset=reset):
+            moved[target.name] = moved.get(target.name, 0) + 1
+        else:
+            kept += 1
     return moved, kept
 
 
@@ -658,20 +853,29 @@ def release(consumer: Consumer, reason: str) -> None:
 
 
 __all__ = [
+    "DEAD_LETTERED",
+    "RETRIED",
+    "RedrivePlan",
+    "RetryRefused",
     "ack",
     "ack_all",
     "cannot_move",
     "dead_letter",
     "dead_letter_or_drop",
+    "death_reason_of",
     "drop",
     "expire",
     "forward",
     "isolate",
     "late_settle",
     "make_dead_letter",
+    "origin_message_id",
     "original_queue_of",
     "overflow",
+    "plan_redrive",
+    "reconsume",
     "redrive",
+    "redrive_one",
     "reject",
     "release",
     "requeue",

@@ -18,10 +18,12 @@ from broker.codec.ids import (
 from broker.domain.exchange import (
     DELAYED_TYPE,
     EXCHANGE_TYPES,
+    RETRY_EXCHANGE,
     Binding,
     DelayedExchange,
     DirectExchange,
     Exchange,
+    RetryExchange,
 )
 from broker.domain.message import Message, MessageIds
 from broker.domain.queue import (
@@ -215,12 +217,18 @@ class VirtualHost:
         self.exchanges[""] = self.default_exchange
         for ename, etype in STANDARD_EXCHANGES:
             self.exchanges[ename] = EXCHANGE_TYPES[etype](ename, durable=True)
+        #: ``amq.retry``: a consumer's request to retry one of its deliveries (see
+        #: :func:`broker.domain.fate.reconsume`); the session recognises it by identity
+        self.retry_exchange = RetryExchange(RETRY_EXCHANGE, durable=True)
+        self.exchanges[RETRY_EXCHANGE] = self.retry_exchange
         self.delayed_pending = 0
         #: queues that received dead letters: name -> {reason: count} (for the admin API)
         self.dead_letter_queues: dict[str, dict[str, int]] = {}
         #: where queues' ``x-dead-letter-exchange`` sends dead letters: exchange name ->
         #: {``x-dead-letter-routing-key`` (None: the message's own key): how many queues}
         self.dead_letter_routes: dict[str, dict[str | None, int]] = {}
+        #: retry queues by the queue they feed (``x-retry-target``)
+        self._retry_queues: dict[str, Queue] = {}
 
     # ----------------------------------------------------------------- dispatch batching
 
@@ -414,6 +422,8 @@ class VirtualHost:
         self.queues[name] = q
         if q.dlx is not None:
             self._dead_letter_route(q, 1)
+        if q.retry_target is not None:
+            self._retry_queues.setdefault(q.retry_target, q)
         if durable and self.store.durable:
             self.store.save_queue(q)
             if q.pageable:
@@ -477,6 +487,8 @@ class VirtualHost:
         self.queues.pop(q.name, None)
         if q.dlx is not None:
             self._dead_letter_route(q, -1)
+        if q.retry_target is not None and self._retry_queues.get(q.retry_target) is q:
+            del self._retry_queues[q.retry_target]
         for b in list(q.bound.values()):
             if b.source.unbind(q, b.routing_key, b.arguments) is not None:
                 self._binding_gone(b, notify_queue=False)
@@ -617,6 +629,18 @@ class VirtualHost:
         src = b.source
         if src.auto_delete and not src.bindings and src.name in self.exchanges:
             self.delete_exchange(src.name)
+
+    def retry_queue_of(self, name: str) -> Queue | None:
+        """The retry queue that feeds queue ``name`` (its ``x-retry-target``), or None."""
+        rq = self._retry_queues.get(name)
+        if rq is not None and not rq.deleted:
+            return rq
+        for other in self.queues.values():  # the first one was deleted: another may feed it
+            if other.retry_target == name:
+                self._retry_queues[name] = other
+                return other
+        self._retry_queues.pop(name, None)
+        return None
 
     def bindings_of(self, q: Queue) -> list[tuple[str, str, str]]:
         return q.bindings()

@@ -12,7 +12,7 @@ import amqp
 import kombu
 import pytest
 
-from broker.retry import DEAD_LETTERED, RETRIED, RetryError, reconsume_later
+from broker.retry import RetryError, reconsume_later
 
 pytestmark = pytest.mark.e2e
 
@@ -214,6 +214,29 @@ def test_a_custom_backoff_class_from_a_plugin(broker_factory):
 RETRY = "<maxRedeliveries>2</maxRedeliveries><retry><levels>1s 2s</levels></retry>"
 
 
+class Bystander:
+    """Another client publishing with confirms all along: a refused retry (or a failing
+    client) must not disturb it."""
+
+    def __init__(self, url: str, queue: str = "bystander") -> None:
+        self.conn = amqp.Connection(host=url.split("@")[1].split("/")[0])
+        self.conn.connect()
+        self.ch = self.conn.channel()
+        self.ch.queue_declare(queue, durable=False, auto_delete=False)
+        self.ch.confirm_select()
+        self.queue = queue
+        self.sent = 0
+
+    def publish(self) -> None:
+        self.ch.basic_publish_confirm(amqp.Message(b"b"), routing_key=self.queue)
+        self.sent += 1
+
+    def close(self) -> int:
+        n = self.ch.queue_declare(self.queue, passive=True).message_count
+        self.conn.close()
+        return n
+
+
 def test_reconsume_later_with_a_delay_comes_back_to_the_same_queue(broker_factory):
     b = broker_factory(dl_config(RETRY))
     got: list[tuple[float, kombu.Message]] = []
@@ -221,7 +244,8 @@ def test_reconsume_later_with_a_delay_comes_back_to_the_same_queue(broker_factor
     def handle(body, m):
         got.append((time.monotonic(), m))
         if len(got) == 1:
-            assert reconsume_later(m, delay=1) == RETRIED
+            assert reconsume_later(m, delay=1) is None
+            assert m.acknowledged  # acked, after the broker confirmed the copy
         else:
             m.ack()
 
@@ -237,33 +261,102 @@ def test_reconsume_later_with_a_delay_comes_back_to_the_same_queue(broker_factor
     h = again.headers
     assert h["REAL_TOPIC"] == "work" and h["RETRY_TOPIC"] == "work-RETRY"
     assert h["RECONSUMETIMES"] == 1 and h["ORIGIN_MESSAGE_ID"] == "m-1"
+    assert "x-reconsume-tag" not in h and "x-delay" in h
 
 
 def test_reconsume_later_by_level_and_next_level_then_dead_letter(broker_factory):
-    b = broker_factory(dl_config(RETRY))
+    """maxRedeliveries 2 from the XML: the third reconsume dead-letters; the client names no
+    limit, retry queue or dead-letter queue."""
+    b = broker_factory(dl_config(RETRY + "<queue>work-dead</queue>"))
     got: list[tuple[float, kombu.Message]] = []
-    outcomes: list[str] = []
 
     def handle(body, m):
         got.append((time.monotonic(), m))
         if len(got) == 1:
-            outcomes.append(reconsume_later(m, level=1, max_reconsume=2))  # 1 s
-        elif len(got) == 2:
-            outcomes.append(reconsume_later(m, max_reconsume=2))  # next: level 2 = 2 s
+            reconsume_later(m, level=1)  # 1 s
         else:
-            outcomes.append(reconsume_later(m, max_reconsume=2))  # third: past the max
+            reconsume_later(m)  # next: level 2 = 2 s, then past the limit
 
     with kombu.Connection(b.url()) as conn:
         q = declare(conn)
         publish(conn, "retry-me")
         consume_for(conn, q, handle, 3.6)
-        assert outcomes == [RETRIED, RETRIED, DEAD_LETTERED]
+        assert len(got) == 3
         gaps = [got[1][0] - got[0][0], got[2][0] - got[1][0]]
         assert 0.95 <= gaps[0] < 1.5 and 1.95 <= gaps[1] < 2.6, gaps
         assert [m.headers.get("RECONSUMETIMES") for _, m in got] == [None, 1, 2]
-        dead = take(conn, "work-DLQ")
+        origin = got[1][1].headers["ORIGIN_MESSAGE_ID"]
+        assert origin == got[2][1].headers["ORIGIN_MESSAGE_ID"]  # the same across retries
+        assert len(origin) == 32 and "/" not in origin  # broker-assigned, not a delivery tag
+        dead = take(conn, "work-dead")
         assert dead is not None and dead.payload == "retry-me"
-        assert dead.headers["RECONSUMETIMES"] == 3 and dead.headers["REAL_TOPIC"] == "work"
+        h = dead.headers
+        assert h["RECONSUMETIMES"] == 3 and h["REAL_TOPIC"] == "work"
+        assert h["RETRY_TOPIC"] == "work-RETRY" and h["ORIGIN_MESSAGE_ID"] == origin
+        assert h["x-death"][0]["reason"] == "delivery_limit"
+        assert take(conn, "work", timeout=0.2) is None
+        assert b.call(lambda: b.broker.vhosts["/"].queues["work-RETRY"].message_count) == 0
+
+
+def test_max_redeliveries_one_retries_once(broker_factory):
+    b = broker_factory(
+        dl_config("<maxRedeliveries>1</maxRedeliveries><retry><levels>1s</levels></retry>")
+    )
+    seen: list[int] = []
+
+    def handle(body, m):
+        seen.append(m.headers.get("RECONSUMETIMES", 0))
+        reconsume_later(m)
+
+    with kombu.Connection(b.url()) as conn:
+        q = declare(conn)
+        publish(conn, "once")
+        consume_for(conn, q, handle, 2.5)
+        assert seen == [0, 1]
+        assert take(conn, "work-DLQ") is not None
+
+
+def test_reconsume_later_without_retry_config_raises_and_keeps_the_message(broker_factory):
+    b = broker_factory(dl_config("<maxRedeliveries>3</maxRedeliveries>"))
+    bystander = Bystander(b.url())
+    with kombu.Connection(b.url()) as conn:
+        declare(conn)
+        declare(conn, "plain")
+        publish(conn, "keep-me", queue="plain")
+        publish(conn, "keep-me-too")
+        for name in ("plain", "work"):  # no <deadLetter> at all; <deadLetter> without <retry>
+            m = take(conn, name)
+            assert m is not None
+            bystander.publish()
+            with pytest.raises(RetryError, match=f"queue '{name}' in vhost '/' has no retry queue"):
+                reconsume_later(m)
+            bystander.publish()
+            assert not m.acknowledged
+            assert b.call(lambda n=name: b.broker.vhosts["/"].queues[n].unacked_count) == 1
+            m.channel.close()  # the consumer gives up: the message is back, not lost
+            again = take(conn, name)
+            assert again is not None and again.payload == m.payload
+            again.ack()
+    assert bystander.close() == bystander.sent == 4
+
+
+def test_reconsume_later_from_py_amqp(broker_factory):
+    b = broker_factory(dl_config(RETRY))
+    with amqp.Connection(host=f"127.0.0.1:{b.port}") as conn:
+        ch = conn.channel()
+        ch.queue_declare("work", durable=True, auto_delete=False)
+        ch.basic_publish(amqp.Message(b"raw", message_id="p-1"), routing_key="work")
+        got: list[amqp.Message] = []
+        ch.basic_consume("work", callback=got.append)
+        drain = lambda n: [conn.drain_events(timeout=3) for _ in range(n - len(got))]  # noqa: E731
+        drain(1)
+        reconsume_later(got[0], delay=1)
+        drain(2)
+        again = got[1]
+        assert again.body == b"raw"
+        assert again.headers["RECONSUMETIMES"] == 1 and again.headers["ORIGIN_MESSAGE_ID"] == "p-1"
+        ch.basic_ack(again.delivery_tag)
+        assert ch.queue_declare("work", passive=True).message_count == 0
 
 
 def test_reconsume_later_refuses_out_of_range_delays(broker_factory):
@@ -273,9 +366,11 @@ def test_reconsume_later_refuses_out_of_range_delays(broker_factory):
         publish(conn, "x")
         m = take(conn, "work")
         assert m is not None
-        for kw in ({"delay": 0.5}, {"delay": 864_001}, {"level": 0}, {"level": 19}):
+        for kw in ({"delay": 0.5}, {"delay": 864_001}, {"level": 0}):
             with pytest.raises(RetryError):
                 reconsume_later(m, **kw)
+        with pytest.raises(RetryError, match="level 3 is out of range for queue 'work': 1 to 2"):
+            reconsume_later(m, level=3)  # the broker's levels decide
         m.ack()  # still unacked after the refusals: the ack goes through
 
 

@@ -50,10 +50,18 @@ def test_sample_1_reconsume_later(samples, url, mode):
 
 def test_sample_2_custom_names_and_limit(samples, url):
     out = samples("custom_names").run(url)
-    assert out["outcomes"] == ["retry", "retry", "retry", "dead-letter"]
+    assert out["seen"] == [0, 1, 2, 3]  # maxRedeliveries 3, from broker.xml only
     assert out["body"] == {"invoice": 7}
     assert out["headers"]["RECONSUMETIMES"] == 4
     assert out["headers"]["RETRY_TOPIC"] == "invoices-retry"
+    assert out["headers"]["x-death"][0]["reason"] == "delivery_limit"
+
+
+def test_no_sample_passes_a_limit_or_a_queue_name_to_the_client():
+    for path in EXAMPLES.glob("*.py"):
+        text = path.read_text()
+        for word in ("max_reconsume", "retry_queue=", "dead_letter_queue=", "levels="):
+            assert word not in text, (path.name, word)
 
 
 def test_sample_3_negative_ack_with_a_delay(samples, url):
