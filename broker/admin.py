@@ -12,9 +12,11 @@ authenticate with HTTP Basic as a configured broker user.
 ``GET  /api/consumers``                     every consumer: unacked, prefetch, last ack age
 ``GET  /api/blocklist``                     isolated consumers
 ``GET  /api/connections``                   client connections
-``GET  /api/dead-letters``                  queues that received dead letters, by reason
+``GET  /api/dead-letters``                  dead-letter queues: what they hold by reason and source
 ``GET  /api/queues/{vhost}/{queue}/messages``  peek at ready messages (``?limit=20``)
 ``POST /api/queues/{vhost}/{queue}/redrive`` move dead letters back to their original queue
+                                            (``?limit=``, ``?reason=``, ``?reset=false``,
+                                            ``?dry_run=true``, ``?rate=`` messages/s)
 ``POST /api/reload``                        re-read the configuration (like SIGHUP)
 ``GET  /metrics``                           Prometheus text format
 ==========================================  ================================================
@@ -204,6 +206,8 @@ class Admin:
                     "queue": d.queue,
                     "messages": d.messages,
                     "received_by_reason": dict(d.received_by_reason),
+                    "by_reason": dict(d.by_reason),
+                    "sources": dict(d.sources),
                 }
                 for d in self.api.dead_letters()
             ]
@@ -227,21 +231,44 @@ class Admin:
 
         return self.on_loop(read)
 
-    def redrive(self, vhost: str, name: str, limit: int | None = None) -> dict[str, Any]:
+    def redrive(
+        self,
+        vhost: str,
+        name: str,
+        limit: int | None = None,
+        *,
+        reasons: list[str] | None = None,
+        reset: bool = True,
+        dry_run: bool = False,
+        rate: float | None = None,
+    ) -> dict[str, Any]:
         """Move the ready messages of a dead-letter queue back to the queue each came from
         (``REAL_TOPIC``, else the last ``x-death`` queue). Messages whose origin is unknown or
-        gone stay where they are."""
+        gone stay where they are. See :meth:`broker.core.api.BrokerAPI.redrive` for the
+        options."""
 
         def run() -> dict[str, Any]:
-            result = self.api.redrive(vhost, name, limit=limit)
+            result = self.api.redrive(
+                vhost, name, limit=limit, reasons=reasons, reset=reset, dry_run=dry_run, rate=rate
+            )
             log.info(
-                "redrive of '%s' in vhost '%s': %s moved back, %d kept",
+                "redrive of '%s' in vhost '%s'%s: %s moved back, %d kept%s",
                 name,
                 vhost,
-                dict(result.moved) or "nothing",
+                " (dry run)" if dry_run else "",
+                dict(result.planned if dry_run else result.moved) or "nothing",
                 result.kept,
+                f", {result.pending} to follow at {rate:g}/s" if result.pending else "",
             )
-            return {"moved": dict(result.moved), "kept": result.kept}
+            out: dict[str, Any] = {"moved": dict(result.moved), "kept": result.kept}
+            if dry_run or rate is not None or reasons or not reset:
+                out.update(
+                    planned=dict(result.planned),
+                    pending=result.pending,
+                    dry_run=result.dry_run,
+                    reset=reset,
+                )
+            return out
 
         return self.on_loop(run)
 

@@ -418,8 +418,48 @@ class AdminServer:
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "redrive":
                 who.require(ENDPOINTS["POST", "/api/queues/{vhost}/{queue}/redrive"], parts[2])
                 most = _int_param(query, "limit", None, minimum=0)
-                return _json(200, admin.redrive(parts[2], parts[3], most))
+                reasons = [r for v in query.get("reason", []) for r in v.split(",") if r]
+                rate = _float_param(query, "rate")
+                return _json(
+                    200,
+                    admin.redrive(
+                        parts[2],
+                        parts[3],
+                        most,
+                        reasons=reasons or None,
+                        reset=_bool_param(query, "reset", True),
+                        dry_run=_bool_param(query, "dry_run", False),
+                        rate=rate,
+                    ),
+                )
         raise AdminError(404, f"no such endpoint: {method} /{'/'.join(parts)}")
+
+
+def _bool_param(query: dict[str, list[str]], name: str, default: bool) -> bool:
+    """A true/false query parameter (``true``, ``1``, ``yes``; ``false``, ``0``, ``no``)."""
+    values = query.get(name)
+    if not values:
+        return default
+    raw = values[0].lower()
+    if raw in ("true", "1", "yes", ""):
+        return True
+    if raw in ("false", "0", "no"):
+        return False
+    raise AdminError(400, f"parameter {name}: {values[0]!r} is not true or false")
+
+
+def _float_param(query: dict[str, list[str]], name: str) -> float | None:
+    """A positive number query parameter, or None when absent."""
+    values = query.get(name)
+    if not values:
+        return None
+    try:
+        value = float(values[0])
+    except ValueError:
+        raise AdminError(400, f"parameter {name}: {values[0]!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise AdminError(400, f"parameter {name}: {values[0]} must be a positive number")
+    return value
 
 
 def _int_param(

@@ -109,7 +109,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
     import json
     import urllib.error
     import urllib.request
-    from urllib.parse import quote
+    from urllib.parse import quote, urlencode
 
     if args.action in ADMIN_GETS:
         method, path = "GET", ADMIN_GETS[args.action]
@@ -122,6 +122,18 @@ def cmd_admin(args: argparse.Namespace) -> int:
         suffix = "redrive" if args.action == "redrive" else "messages"
         method = "POST" if args.action == "redrive" else "GET"
         path = f"/api/queues/{quote(args.vhost, safe='')}/{quote(args.queue, safe='')}/{suffix}"
+        if args.action == "redrive":
+            params = [("reason", r) for r in args.reason or ()]
+            if args.limit is not None:
+                params.append(("limit", str(args.limit)))
+            if args.rate is not None:
+                params.append(("rate", repr(args.rate)))
+            if args.dry_run:
+                params.append(("dry_run", "true"))
+            if args.keep_counts:
+                params.append(("reset", "false"))
+            if params:
+                path += "?" + urlencode(params)
     else:  # pragma: no cover - argparse restricts the choices
         return 2
     req = urllib.request.Request(
@@ -180,6 +192,22 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--user", default="guest")
     a.add_argument("--password", default="guest")
     a.add_argument("--timeout", type=float, default=10.0)
+    a.add_argument(
+        "--reason",
+        action="append",
+        help="redrive: only dead letters whose last death reason is this (repeatable): "
+        "rejected, expired, maxlen, delivery_limit",
+    )
+    a.add_argument("--limit", type=int, help="redrive: move at most this many")
+    a.add_argument("--rate", type=float, help="redrive: messages per second, paced by the broker")
+    a.add_argument(
+        "--dry-run", action="store_true", help="redrive: only show what would move where"
+    )
+    a.add_argument(
+        "--keep-counts",
+        action="store_true",
+        help="redrive: keep RECONSUMETIMES and the delivery count (default: start again)",
+    )
     a.add_argument(
         "--cacert", help="PEM file of the CA that signed the admin server's certificate (https)"
     )

@@ -17,7 +17,7 @@ messages (isolate, release, redrive) call it, so their hooks fire as on any othe
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -213,20 +213,35 @@ class DeliveryInfo:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetterInfo:
-    """A queue that received dead letters, and how many by reason since the broker started."""
+    """A dead-letter queue as it is now: read from the messages it holds, so it survives a
+    restart and shows dead letters from every source (delivery limit, rejects, expiry,
+    overflow, ``reconsume_later``)."""
 
     vhost: str
     queue: str
+    #: messages it holds
     messages: int
+    #: dead letters it received since the broker started, by reason
     received_by_reason: Mapping[str, int]
+    #: the messages it holds, by their last death reason (``x-death``)
+    by_reason: Mapping[str, int] = field(default_factory=dict)
+    #: the messages it holds, by the queue each died in (``REAL_TOPIC``, else ``x-death``)
+    sources: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class RedriveResult:
     #: messages moved back, by the queue they went to
     moved: Mapping[str, int]
-    #: messages left in the dead-letter queue (origin unknown or gone, or it refused them)
+    #: messages left in the dead-letter queue (origin unknown or gone, or it refused them, or
+    #: filtered out by reason)
     kept: int
+    #: what the redrive moves in all, by target queue (a dry run moves none of it; a paced
+    #: one moves the rest on the broker's timers)
+    planned: Mapping[str, int] = field(default_factory=dict)
+    #: messages still to move by a paced redrive
+    pending: int = 0
+    dry_run: bool = False
 
 
 # ------------------------------------------------------------------------------------- the API
@@ -415,13 +430,40 @@ class BrokerAPI:
             out.append(_message_info(m))
         return out
 
-    def dead_letters(self) -> list[DeadLetterInfo]:
+    def dead_letters(self, vhost: str | None = None) -> list[DeadLetterInfo]:
+        """Every dead-letter queue: each queue whose oldest message is a dead letter from
+        another queue (its last ``x-death`` record names another queue: a message redriven
+        back to where it died does not count), and each that received dead letters since the
+        start. What it holds is counted from its messages: O(queues + messages of dead-letter
+        queues)."""
         out = []
-        for vh in self._b.vhosts.values():
-            for name, reasons in sorted(vh.dead_letter_queues.items()):
+        vhs = self._b.vhosts.values() if vhost is None else _opt(self._b.vhosts.get(vhost))
+        for vh in vhs:
+            names = set(vh.dead_letter_queues)
+            for q in vh.queues.values():
+                if q.held and q.retry_target is None:
+                    head = next(iter(q.held.values()))
+                    if head._hoff >= 0 and _died_elsewhere(head.headers.get("x-death"), q.name):
+                        names.add(q.name)
+            for name in sorted(names):
                 q = vh.queues.get(name)
-                held = len(q.held) if q is not None else 0
-                out.append(DeadLetterInfo(vh.name, name, held, dict(reasons)))
+                by_reason: dict[str, int] = {}
+                sources: dict[str, int] = {}
+                for m in q.held.values() if q is not None else ():
+                    reason = fate.death_reason_of(m) or "unknown"
+                    by_reason[reason] = by_reason.get(reason, 0) + 1
+                    origin = fate.original_queue_of(m) or "unknown"
+                    sources[origin] = sources.get(origin, 0) + 1
+                out.append(
+                    DeadLetterInfo(
+                        vh.name,
+                        name,
+                        len(q.held) if q is not None else 0,
+                        dict(vh.dead_letter_queues.get(name, {})),
+                        by_reason,
+                        sources,
+                    )
+                )
         return out
 
     def delayed_pending(self, vhost: str | None = None) -> int:
@@ -563,15 +605,50 @@ class BrokerAPI:
         fate.release(c, reason)
         return True
 
-    def redrive(self, vhost: str, queue: str, *, limit: int | None = None) -> RedriveResult:
+    def redrive(
+        self,
+        vhost: str,
+        queue: str,
+        *,
+        limit: int | None = None,
+        reasons: Iterable[str] | None = None,
+        reset: bool = True,
+        dry_run: bool = False,
+        rate: float | None = None,
+    ) -> RedriveResult:
         """Move the ready messages of a dead-letter queue back to the queue each came from
-        (``REAL_TOPIC``, else its last ``x-death`` queue), as new messages with a fresh delivery
-        count. Messages whose origin is unknown, gone or full stay.
+        (``REAL_TOPIC``, else its last ``x-death`` queue), as new messages. Messages whose
+        origin is unknown, gone or full stay.
 
+        :param limit: move at most this many.
+        :param reasons: only dead letters whose last death reason (``x-death``) is one of these.
+        :param reset: start them again: delivery count 0 and no ``RECONSUMETIMES`` (else both
+            are kept, and a message that used up its retries dies again at once).
+        :param dry_run: only say what would move.
+        :param rate: messages per second: the first batch moves now, the rest on the broker's
+            timers (``pending`` says how many are left).
         :raises NotFound: no such queue.
+        :raises ValueError: a rate that is not positive.
         """
-        moved, kept = fate.redrive(self._queue(vhost, queue), limit)
-        return RedriveResult(moved, kept)
+        q = self._queue(vhost, queue)
+        wanted = frozenset(reasons) if reasons else None
+        plan = fate.plan_redrive(q, limit=limit, reasons=wanted)
+        planned: dict[str, int] = {}
+        for _m, target in plan.moves:
+            planned[target.name] = planned.get(target.name, 0) + 1
+        kept = plan.kept + plan.skipped
+        if dry_run:
+            return RedriveResult({}, kept, planned, 0, True)
+        if rate is not None:
+            paced = fate.PacedRedrive(
+                q, rate=rate, limit=len(plan.moves), reasons=wanted, reset=reset
+            )
+            if plan.moves:
+                paced.start()
+            done = sum(paced.moved.values()) + paced.kept
+            return RedriveResult(dict(paced.moved), kept, planned, len(plan.moves) - done)
+        moved, kept = fate.redrive(q, limit, reasons=wanted, reset=reset)
+        return RedriveResult(moved, kept, planned)
 
     def apply_actions(self, actions: Sequence[Action]) -> list[str]:
         """Apply policy actions in order (see :mod:`broker.core.actions`); one outcome each."""
@@ -647,6 +724,15 @@ class BrokerAPI:
 
 
 # ------------------------------------------------------------------------------------- helpers
+
+
+def _died_elsewhere(deaths: object, queue: str) -> bool:
+    return (
+        isinstance(deaths, list)
+        and bool(deaths)
+        and isinstance(deaths[0], dict)
+        and deaths[0].get("queue") not in (None, queue)
+    )
 
 
 def _opt(x: Any) -> list[Any]:

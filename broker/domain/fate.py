@@ -406,6 +406,10 @@ def dead_letter(q: Queue, msg: Message, reason: str) -> bool:
     return True
 
 
+#: header of a dead letter: the delivery count the message had when it died
+LAST_DELIVERY_COUNT = "x-last-delivery-count"
+
+
 def make_dead_letter(
     q: Queue,
     msg: Message,
@@ -449,6 +453,8 @@ def make_dead_letter(
     headers["x-last-death-reason"] = reason
     headers["x-last-death-queue"] = q.name
     headers["x-last-death-exchange"] = msg.exchange
+    # the count it died with: a redrive that keeps counts gives it back
+    headers[LAST_DELIVERY_COUNT] = msg.delivery_count
     if extra_headers:
         headers.update(extra_headers)
     props["application_headers"] = headers
@@ -746,7 +752,8 @@ def redrive_one(q: Queue, m: Message, target: Queue, *, reset: bool) -> bool:
     """Move one dead letter back to ``target``; False if it could not go (it stays).
 
     With ``reset`` the copy starts again: delivery count 0 and no ``RECONSUMETIMES``, so a
-    message that used up its retries gets them all again.
+    message that used up its retries gets them all again. Without, it keeps its
+    ``RECONSUMETIMES`` and the delivery count it died with (``x-last-delivery-count``).
     """
     if target.deleted or m.id not in q.held:
         return False
@@ -759,6 +766,9 @@ def redrive_one(q: Queue, m: Message, target: Queue, *, reset: bool) -> bool:
         headers.pop("RECONSUMETIMES", None)
         props["application_headers"] = headers
         moving = m.with_properties(props, m.id)
+    elif not reset and m._hoff >= 0:
+        moving = m.copy()
+        moving.delivery_count = max(m.delivery_count, _count(m.headers.get(LAST_DELIVERY_COUNT)))
     if forward(q, moving, target, "redrive", reset_count=reset) is None:
         return False
     q.take_ready(m)
@@ -789,6 +799,77 @@ def redrive(
         else:
             kept += 1
     return moved, kept
+
+
+class PacedRedrive:
+    """A redrive at ``rate`` messages per second, paced on the vhost's timers (the broker's
+    clock): each step moves a small batch, then the next step is due ``batch / rate`` seconds
+    later. It ends when nothing more matches, ``limit`` messages were handled, or the
+    dead-letter queue is deleted; messages that could not move are passed over."""
+
+    #: seconds a step covers at most (a batch is ``rate`` times this, at least one message)
+    STEP = 0.05
+
+    def __init__(
+        self,
+        q: Queue,
+        *,
+        rate: float,
+        limit: int | None = None,
+        reasons: frozenset[str] | None = None,
+        reset: bool = True,
+    ) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be positive, not {rate!r}")
+        self.q = q
+        self.rate = rate
+        self.batch = max(1, int(rate * self.STEP))
+        self.left = limit
+        self.reasons = reasons
+        self.reset = reset
+        self.moved: dict[str, int] = {}
+        self.kept = 0
+        self.done = False
+        self._passed: set[int] = set()
+
+    def start(self) -> None:
+        """Take the first step now; the others follow on the vhost's timers."""
+        self._step()
+
+    def _step(self) -> None:
+        q = self.q
+        if q.deleted:
+            self._finish()
+            return
+        n = self.batch if self.left is None else min(self.batch, self.left)
+        plan = plan_redrive(q, limit=n, reasons=self.reasons, exclude=self._passed)
+        if not plan.moves:
+            self._finish()
+            return
+        for m, target in plan.moves:
+            if redrive_one(q, m, target, reset=self.reset):
+                self.moved[target.name] = self.moved.get(target.name, 0) + 1
+            else:
+                self._passed.add(m.id)
+                self.kept += 1
+        if self.left is not None:
+            self.left -= len(plan.moves)
+            if self.left <= 0:
+                self._finish()
+                return
+        q.vhost.timers.call_later(len(plan.moves) / self.rate, self._step)
+
+    def _finish(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        log.info(
+            "paced redrive of '%s' in vhost '%s' finished: %s moved back, %d could not move",
+            self.q.name,
+            self.q.vhost.name,
+            dict(self.moved) or "nothing",
+            self.kept,
+        )
 
 
 # --------------------------------------------------------------------------- isolation
@@ -854,7 +935,9 @@ def release(consumer: Consumer, reason: str) -> None:
 
 __all__ = [
     "DEAD_LETTERED",
+    "LAST_DELIVERY_COUNT",
     "RETRIED",
+    "PacedRedrive",
     "RedrivePlan",
     "RetryRefused",
     "ack",

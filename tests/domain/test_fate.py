@@ -462,3 +462,160 @@ def test_isolation_remembers_only_the_messages_it_requeued(vh, hooks, clock):
     fate.isolate(stuck, clock.monotonic())  # its one message passes the limit instead
     assert dlq.message_count == 1 and q.message_count == 0
     assert q.moved_waiting == set()
+
+
+# --------------------------------------------------------------------------- reconsume
+
+
+def with_retry(vh: VirtualHost, limit: int = 2) -> tuple[Queue, Queue, Queue]:
+    """``work`` with a retry queue (levels 1 s, 2 s) and a dead-letter queue, as the
+    dead-letter plugin would set them up (here by queue arguments)."""
+    q, dlq = with_dlq(vh, "work", **{"x-delivery-limit": limit})
+    retry, _ = vh.declare_queue(
+        "work-RETRY", arguments={"x-retry-target": "work", "x-retry-levels": [1000, 2000]}
+    )
+    return q, retry, dlq
+
+
+def test_reconsume_copies_to_the_retry_queue_with_tdmq_headers(vh, hooks, clock):
+    q, retry, _dlq = with_retry(vh)
+    [m] = put(vh, q, b"job", message_id="order-7")
+    ch = Channel()
+    consume(q, ch)
+    outcome, copy = fate.reconsume(q, m, level=2)
+    assert outcome == fate.RETRIED and retry.message_count == 1
+    h = copy.headers
+    assert (h["REAL_TOPIC"], h["RETRY_TOPIC"], h["RECONSUMETIMES"]) == ("work", "work-RETRY", 1)
+    assert h["ORIGIN_MESSAGE_ID"] == "order-7" and h["x-retry-level"] == 2
+    assert q.unacked_count == 1  # the original waits for the client's ack
+    clock.advance(1.9)
+    vh.timers.run_due()
+    assert retry.message_count == 1
+    clock.advance(0.2)
+    vh.timers.run_due()
+    assert retry.message_count == 0 and len(q.ready) == 1
+
+
+def test_reconsume_past_the_limit_dead_letters_with_retry_topic(vh, hooks, clock):
+    q, _retry, dlq = with_retry(vh, limit=1)
+    [m] = put(vh, q, b"job", application_headers={"RECONSUMETIMES": 1, "ORIGIN_MESSAGE_ID": "o"})
+    consume(q, Channel())
+    outcome, _copy = fate.reconsume(q, m, delay=5)
+    assert outcome == fate.DEAD_LETTERED
+    [dead] = list(dlq.ready)
+    h = dead.headers
+    assert h["RECONSUMETIMES"] == 2 and h["RETRY_TOPIC"] == "work-RETRY"
+    assert h["ORIGIN_MESSAGE_ID"] == "o" and h["x-death"][0]["reason"] == "delivery_limit"
+    assert "x-delay" not in h
+
+
+def test_reconsume_is_refused_without_a_retry_queue_or_out_of_range(vh, hooks, clock):
+    q, retry, _dlq = with_retry(vh)
+    plain, _ = vh.declare_queue("plain")
+    [p] = put(vh, plain, b"p")
+    [m] = put(vh, q, b"m")
+    with pytest.raises(fate.RetryRefused, match="queue 'plain' in vhost '/' has no retry queue"):
+        fate.reconsume(plain, p)
+    with pytest.raises(fate.RetryRefused, match="level 3 is out of range"):
+        fate.reconsume(q, m, level=3)
+    with pytest.raises(fate.RetryRefused, match="out of range"):
+        fate.reconsume(q, m, delay=0.5)
+    with pytest.raises(fate.RetryRefused, match="has no retry queue"):
+        fate.reconsume(retry, m)  # a retry queue has none of its own
+    vh.delete_queue(retry)
+    with pytest.raises(fate.RetryRefused, match="has no retry queue"):
+        fate.reconsume(q, m)
+    assert q.message_count == 1 and plain.message_count == 1
+
+
+def test_a_broker_assigned_origin_id_is_unique_and_kept_across_retries(vh, hooks, clock):
+    q, _retry, _dlq = with_retry(vh, limit=5)
+    a, b = put(vh, q, b"a", b"b")
+    _, ca = fate.reconsume(q, a)
+    _, cb = fate.reconsume(q, b)
+    oa, ob = ca.headers["ORIGIN_MESSAGE_ID"], cb.headers["ORIGIN_MESSAGE_ID"]
+    assert oa != ob and len(oa) == 32
+    _, again = fate.reconsume(q, ca)  # the copy retried once more
+    assert again.headers["ORIGIN_MESSAGE_ID"] == oa
+
+
+# --------------------------------------------------------------------------- redrive options
+
+
+def test_redrive_resets_reconsumetimes_and_the_count_unless_told_not_to(vh, hooks, clock):
+    q, dlq = with_dlq(vh, "work")
+    [m] = put(vh, q, b"job", application_headers={"RECONSUMETIMES": 3, "k": "v"})
+    m.delivery_count = 2
+    q.get()
+    fate.dead_letter(q, m, "rejected")
+    q.settle(m)
+    dlq.ready[0].delivery_count = 2
+    assert fate.redrive(dlq, limit=0) == ({}, 0)
+    moved, _ = fate.redrive(dlq)
+    assert moved == {"work": 1}
+    back = q.ready.popleft()
+    assert "RECONSUMETIMES" not in back.headers and back.headers["k"] == "v"
+    assert back.delivery_count == 0
+    fate.dead_letter(q, back, "rejected")
+    dlq.ready[0].delivery_count = 2
+    q.settle(back)
+    fate.redrive(dlq, reset=False)
+    [kept] = list(q.ready)
+    assert kept.headers.get("RECONSUMETIMES") is None  # it was reset by the first redrive
+    assert kept.delivery_count == 2
+
+
+def test_redrive_filters_by_reason_and_a_dry_run_moves_nothing(vh, hooks, clock):
+    q, dlq = with_dlq(vh, "work")
+    for reason in ("rejected", "expired", "rejected"):
+        [m] = put(vh, q, reason.encode())
+        q.get()
+        fate.dead_letter(q, m, reason)
+        q.settle(m)
+    plan = fate.plan_redrive(dlq, reasons=frozenset({"expired"}))
+    assert [m.body for m, _t in plan.moves] == [b"expired"] and plan.skipped == 2
+    assert dlq.message_count == 3  # a plan moves nothing
+    moved, kept = fate.redrive(dlq, reasons=frozenset({"rejected"}))
+    assert (moved, kept) == ({"work": 2}, 1)
+    assert [m.body for m in q.ready] == [b"rejected", b"rejected"]
+    assert [m.body for m in dlq.ready] == [b"expired"]
+
+
+def test_a_paced_redrive_moves_at_its_rate_on_the_broker_clock(vh, hooks, clock):
+    q, dlq = with_dlq(vh, "work")
+    for i in range(10):
+        [m] = put(vh, q, b"%d" % i)
+        q.get()
+        fate.dead_letter(q, m, "rejected")
+        q.settle(m)
+    paced = fate.PacedRedrive(dlq, rate=20, limit=8)  # a batch of 1 every 50 ms
+    paced.start()
+    assert q.message_count == 1 and not paced.done
+    clock.advance(0.049)
+    vh.timers.run_due()
+    assert q.message_count == 1
+    clock.advance(0.002)
+    vh.timers.run_due()
+    assert q.message_count == 2
+    for _ in range(10):
+        clock.advance(0.05)
+        vh.timers.run_due()
+    assert q.message_count == 8 and dlq.message_count == 2 and paced.done
+    assert paced.moved == {"work": 8}
+    with pytest.raises(ValueError):
+        fate.PacedRedrive(dlq, rate=0)
+
+
+def test_a_paced_redrive_stops_when_its_queue_is_deleted(vh, hooks, clock):
+    q, dlq = with_dlq(vh, "work")
+    for i in range(5):
+        [m] = put(vh, q, b"%d" % i)
+        q.get()
+        fate.dead_letter(q, m, "rejected")
+        q.settle(m)
+    paced = fate.PacedRedrive(dlq, rate=10)
+    paced.start()
+    vh.delete_queue(dlq)
+    clock.advance(1)
+    vh.timers.run_due()
+    assert paced.done and q.message_count == 1

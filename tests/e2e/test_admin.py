@@ -129,6 +129,8 @@ def test_dead_letters_listed_and_redriven_to_their_queue(broker_factory, capsys)
             "queue": "orders-DLQ",
             "messages": 3,
             "received_by_reason": {"delivery_limit": 3},
+            "by_reason": {"delivery_limit": 3},
+            "sources": {"orders": 3},
         }
         port = b.running.admin.port
         assert cli(["admin", "redrive", "orders-DLQ", "--url", f"http://127.0.0.1:{port}"]) == 0
@@ -159,3 +161,115 @@ def test_reload_by_admin_call(broker_factory, tmp_path):
         call(b, "/api/reload", "POST")
     assert err.value.code == 400
     assert limit() == 8
+
+
+RETRYING = (
+    '<queue name="orders" durable="true"><deadLetter><maxRedeliveries>1</maxRedeliveries>'
+    "<retry><levels>1s</levels></retry></deadLetter></queue>"
+)
+
+
+def _dead_letter_some(url: str) -> None:
+    """Into orders-DLQ: one rejected, one past the nack limit, one past the retry limit (by
+    reconsume_later); all persistent."""
+    from broker.retry import reconsume_later
+
+    with kombu.Connection(url) as conn:
+        q = kombu.Queue("orders", routing_key="orders", durable=True)
+        prod = conn.Producer()
+        for body in ("rejected", "nacked", "retried"):
+            prod.publish(body, routing_key="orders", declare=[q], delivery_mode=2)
+        q = q(conn.default_channel)
+        m = q.get(no_ack=False)
+        m.reject(requeue=False)
+        for _ in range(2):  # maxRedeliveries 1: the second requeue dead-letters it
+            m = q.get(no_ack=False)
+            m.requeue()
+        m = q.get(no_ack=False)
+        assert m.payload == "retried"
+        reconsume_later(m, delay=1)  # RECONSUMETIMES 1: retried
+        deadline = time.monotonic() + 5
+        while (m := q.get(no_ack=False)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert m is not None and m.headers["RECONSUMETIMES"] == 1
+        reconsume_later(m)  # RECONSUMETIMES 2 > maxRedeliveries 1: dead-lettered
+
+
+def test_the_dead_letter_view_reads_the_queues_and_survives_a_restart(broker_factory):
+    kw = {"store": True, "admin": True, "users": ADMIN_GUEST}
+    b = broker_factory(RETRYING, **kw)
+    _dead_letter_some(b.url())
+    [before] = call(b, "/api/dead-letters")
+    assert before["by_reason"] == {"rejected": 1, "delivery_limit": 2}
+    assert before["received_by_reason"] == {"rejected": 1, "delivery_limit": 2}
+    b.stop()
+    b = broker_factory(RETRYING, **kw)
+    [after] = call(b, "/api/dead-letters")
+    assert after == {
+        "vhost": "/",
+        "queue": "orders-DLQ",
+        "messages": 3,
+        "received_by_reason": {},  # since this start
+        "by_reason": {"rejected": 1, "delivery_limit": 2},
+        "sources": {"orders": 3},
+    }
+
+
+def test_redrive_options_dry_run_reason_rate_and_reset(broker_factory, capsys):
+    from broker.retry import reconsume_later
+
+    b = broker_factory(RETRYING, admin=True, users=ADMIN_GUEST)
+    _dead_letter_some(b.url())
+    common = ["--url", f"http://127.0.0.1:{b.running.admin.port}"]
+
+    def admin(*args: str) -> dict:
+        assert cli(["admin", "redrive", "orders-DLQ", *args, *common]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    dry = admin("--dry-run")
+    assert dry["planned"] == {"orders": 3} and dry["moved"] == {} and dry["dry_run"]
+    assert call(b, "/api/dead-letters")[0]["messages"] == 3
+    only = admin("--reason", "rejected")
+    assert only["moved"] == {"orders": 1} and only["kept"] == 2
+    with kombu.Connection(b.url()) as conn:
+        q = kombu.Queue("orders", channel=conn.default_channel, no_declare=True)
+        m = q.get(no_ack=False)
+        assert m.payload == "rejected" and "x-delivery-count" not in m.headers
+        m.ack()
+        # the one that used up its retries: redriven with its counts kept it dies again at once
+        kept = admin("--reason", "delivery_limit", "--limit", "1", "--keep-counts")
+        assert kept["moved"] == {"orders": 1} and kept["reset"] is False
+        m = q.get(no_ack=False)
+        assert m.payload == "nacked" and m.headers["x-delivery-count"] >= 1
+        m.requeue()  # past maxRedeliveries again: straight back to the DLQ
+        time.sleep(0.1)
+        assert call(b, "/api/dead-letters")[0]["messages"] == 2
+        # reset (the default): RECONSUMETIMES and the count start again, retries work again
+        paced = admin("--reason", "delivery_limit", "--rate", "5")
+        assert paced["planned"] == {"orders": 2}
+        assert paced["moved"] == {"orders": 1} and paced["pending"] == 1
+        t0 = time.monotonic()
+        while call(b, "/api/dead-letters")[0]["messages"] and time.monotonic() - t0 < 3:
+            time.sleep(0.02)
+        assert 0.15 <= time.monotonic() - t0 < 1.0  # the second one 200 ms later, not at once
+        got = {}
+        while len(got) < 2:
+            m = q.get(no_ack=False)
+            if m is not None:
+                got[m.payload] = m
+        assert "RECONSUMETIMES" not in got["retried"].headers
+        assert "x-delivery-count" not in got["nacked"].headers
+        reconsume_later(got["retried"], delay=1)  # a retry again, not a dead letter
+        got["nacked"].ack()
+        assert call(b, "/api/dead-letters")[0]["messages"] == 0
+        assert b.call(lambda: b.broker.vhosts["/"].queues["orders-RETRY"].message_count) == 1
+
+
+def test_redrive_parameters_are_checked(broker_factory):
+    b = broker_factory(RETRYING, admin=True, users=ADMIN_GUEST)
+    with kombu.Connection(b.url()) as conn:
+        kombu.Queue("orders", routing_key="orders", durable=True)(conn.default_channel).declare()
+    for query in ("rate=0", "rate=abc", "dry_run=maybe", "reset=2"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            call(b, f"/api/queues/%2F/orders/redrive?{query}", "POST")
+        assert err.value.code == 400, query
