@@ -361,6 +361,7 @@ def test_reconsume_later_from_py_amqp(broker_factory):
 
 def test_reconsume_later_refuses_out_of_range_delays(broker_factory):
     b = broker_factory(dl_config(RETRY))
+    bystander = Bystander(b.url())
     with kombu.Connection(b.url()) as conn:
         declare(conn)
         publish(conn, "x")
@@ -369,9 +370,15 @@ def test_reconsume_later_refuses_out_of_range_delays(broker_factory):
         for kw in ({"delay": 0.5}, {"delay": 864_001}, {"level": 0}):
             with pytest.raises(RetryError):
                 reconsume_later(m, **kw)
+            bystander.publish()
         with pytest.raises(RetryError, match="level 3 is out of range for queue 'work': 1 to 2"):
             reconsume_later(m, level=3)  # the broker's levels decide
+        bystander.publish()
         m.ack()  # still unacked after the refusals: the ack goes through
+        with pytest.raises(RetryError, match="no unacked delivery with tag"):
+            reconsume_later(m, delay=1)  # acked already: nothing to retry (kombu's state aside)
+        bystander.publish()
+    assert bystander.close() == bystander.sent == 5
 
 
 def test_dead_letter_cycle_stops(broker):
@@ -393,3 +400,20 @@ def test_dead_letter_cycle_stops(broker):
             lambda: [broker.broker.vhosts["/"].queues[n].message_count for n in ("ping", "pong")]
         )
         assert counts == [0, 0]
+
+
+def test_a_retry_request_without_confirms_is_refused_with_406(broker_factory):
+    b = broker_factory(dl_config(RETRY))
+    bystander = Bystander(b.url())
+    with amqp.Connection(host=f"127.0.0.1:{b.port}") as conn:
+        ch = conn.channel()
+        ch.queue_declare("work", durable=True, auto_delete=False)
+        request = amqp.Message(b"", application_headers={"x-reconsume-tag": 1})
+        ch.basic_publish(request, exchange="amq.retry", routing_key="")
+        bystander.publish()
+        with pytest.raises(amqp.exceptions.PreconditionFailed, match="retry refused"):
+            ch.queue_declare("work", passive=True)
+        again = conn.channel()  # the connection and its other channels carry on
+        assert again.queue_declare("work", passive=True).message_count == 0
+        bystander.publish()
+    assert bystander.close() == bystander.sent == 2

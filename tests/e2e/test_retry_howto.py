@@ -4,8 +4,11 @@ page's own configuration, and the page shows the files verbatim."""
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,7 @@ def samples():
     sys.path.insert(0, str(EXAMPLES))
     yield lambda name: importlib.import_module(name)
     sys.path.remove(str(EXAMPLES))
-    for name in ("reconsume", "custom_names", "negative_ack", "negative_ack_dlq"):
+    for name in ("reconsume", "custom_names", "negative_ack", "negative_ack_dlq", "celery_tasks"):
         sys.modules.pop(name, None)
 
 
@@ -39,6 +42,7 @@ def test_the_page_shows_every_sample_verbatim():
         "custom_names.py",
         "negative_ack.py",
         "negative_ack_dlq.py",
+        "celery_tasks.py",
     ):
         assert (EXAMPLES / name).read_text() in blocks, name
 
@@ -74,3 +78,43 @@ def test_sample_4_negative_ack_then_dead_letter(samples, url):
     assert out["counts"] == [0, 1, 2, 3, 4, 5]
     assert out["reason"] == "delivery_limit"
     assert out["headers"]["REAL_TOPIC"] == "payments"
+
+
+def test_sample_5_reconsume_later_from_a_celery_task(samples, url, monkeypatch):
+    monkeypatch.setenv("BROKER_URL", url)
+    mod = samples("celery_tasks")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXAMPLES), str(root)]))
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "celery_tasks",
+            "worker",
+            "--pool=solo",
+            "--hostname=retryworker@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel=INFO",
+        ],
+        cwd=EXAMPLES,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        t0 = time.monotonic()
+        result = mod.charge.delay(42)
+        assert result.get(timeout=30) == {"order": 42, "retries": 1}
+        assert time.monotonic() - t0 >= 1.0  # the broker held it for its 1 s delay
+    finally:
+        worker.terminate()
+        try:
+            out, _ = worker.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            out, _ = worker.communicate(timeout=5)
+    assert "Traceback" not in out, out
