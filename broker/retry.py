@@ -127,6 +127,9 @@ def _request(connection: Any, headers: dict[str, Any], timeout: float) -> None:
         raise RetryError(
             returned[0] if returned else "the broker refused the retry (see its log)"
         ) from None
+    except amqp.exceptions.ChannelError as exc:  # e.g. 403: no write permission on amq.retry
+        _CHANNELS.pop(connection, None)
+        raise RetryError(f"the broker closed the retry channel: {exc}") from exc
 
 
 def _retry_channel(connection: Any) -> Any:

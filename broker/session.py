@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import broker
 from broker.codec import NEED_DATA, ServerCodec
@@ -165,7 +165,7 @@ DEFAULT_EXCHANGE_RESOURCE = "amq.default"
 MAX_PERMISSION_MEMO = 1024
 
 
-def _is_int(x: object) -> bool:
+def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 

@@ -417,3 +417,26 @@ def test_a_retry_request_without_confirms_is_refused_with_406(broker_factory):
         assert again.queue_declare("work", passive=True).message_count == 0
         bystander.publish()
     assert bystander.close() == bystander.sent == 2
+
+
+def test_reconsume_later_without_write_on_amq_retry_raises_and_keeps_the_message(broker_factory):
+    users = (
+        '<user name="guest" password="guest" vhosts="/"/>'
+        '<user name="eve" password="eve-pw">'
+        '<permission vhost="/" configure="^work" write="^(work|amq\\.default)$" read="^work"/>'
+        "</user>"
+    )
+    b = broker_factory(dl_config(RETRY), users=users)
+    bystander = Bystander(b.url())
+    with kombu.Connection(f"amqp://eve:eve-pw@127.0.0.1:{b.port}/") as conn:
+        declare(conn)
+        publish(conn, "mine")
+        m = take(conn, "work")
+        assert m is not None
+        with pytest.raises(RetryError, match=r"write access to exchange 'amq\.retry'"):
+            reconsume_later(m, delay=1)
+        bystander.publish()
+        assert not m.acknowledged
+        m.ack()  # the consumer's channel is untouched
+        bystander.publish()
+    assert bystander.close() == bystander.sent == 2
