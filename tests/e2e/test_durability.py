@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
 from kill9cycle import run_cycle
 from procutil import BrokerProcess, write_config
 
+from broker.retry import reconsume_later
+
 pytestmark = pytest.mark.e2e
 
 KILL9_CYCLES = 20
@@ -222,17 +224,17 @@ def test_retry_queue_hold_survives_kill9_and_keeps_its_due_time(tmp_path: Path) 
     b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
     try:
         conn, ch = _channel(b.port)
+        ch.queue_declare("work", durable=True, auto_delete=False)
+        ch.basic_publish_confirm(amqp.Message("again", delivery_mode=2), "", "work")
+        m = ch.basic_get("work")
+        assert m is not None
         t_pub = time.monotonic()
-        # what reconsume_later sends: a copy into the retry queue, level after RECONSUMETIMES
-        ch.basic_publish_confirm(
-            amqp.Message(
-                "again",
-                delivery_mode=2,
-                application_headers={"REAL_TOPIC": "work", "RECONSUMETIMES": 1},
-            ),
-            "",
-            "work-RETRY",
-        )
+        # the broker copies it into work-RETRY (level 1: 3 s) and confirms; then the helper acks
+        reconsume_later(m)
+        # a later confirmed write: the store has the ack too (else the original would come
+        # back after the kill as well: a duplicate, never a loss)
+        ch.queue_declare("marker", durable=True, auto_delete=False)
+        ch.basic_publish_confirm(amqp.Message("m", delivery_mode=2), "", "marker")
         b.kill9()  # confirmed: on disk with its due time
         b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
         conn, ch = _channel(b.port)
@@ -241,7 +243,8 @@ def test_retry_queue_hold_survives_kill9_and_keeps_its_due_time(tmp_path: Path) 
             time.sleep(0.05)
         waited = time.monotonic() - t_pub
         assert 2.8 <= waited < 5.5, waited  # the original 3 s, not 3 s after the restart
-        assert [m.body for m in _drain(ch, "work")] == ["again"]
+        [back] = _drain(ch, "work")
+        assert back.body == "again" and back.headers["RECONSUMETIMES"] == 1
         assert ch.queue_declare("work-RETRY", passive=True)[1] == 0
         conn.close()
     finally:
