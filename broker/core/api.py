@@ -434,14 +434,16 @@ class BrokerAPI:
         """Every dead-letter queue: each queue whose oldest message is a dead letter from
         another queue (its last ``x-death`` record names another queue: a message redriven
         back to where it died does not count), and each that received dead letters since the
-        start. What it holds is counted from its messages: O(queues + messages of dead-letter
-        queues)."""
+        start (or was marked a dead-letter target). What it holds is counted from its messages:
+        O(queues + messages of dead-letter queues)."""
         out = []
         vhs = self._b.vhosts.values() if vhost is None else _opt(self._b.vhosts.get(vhost))
         for vh in vhs:
             names = set(vh.dead_letter_queues)
             for q in vh.queues.values():
-                if q.held and q.retry_target is None:
+                if q.dead_letter_target and q.retry_target is None:
+                    names.add(q.name)
+                elif q.held and q.retry_target is None:
                     head = next(iter(q.held.values()))
                     if head._hoff >= 0 and _died_elsewhere(head.headers.get("x-death"), q.name):
                         names.add(q.name)
