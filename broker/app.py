@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from broker.budget import Budgets
 from broker.clock import Clock, SystemClock
 from broker.config.users import Permission, is_loopback
 from broker.core.access import revoke_lost_access
@@ -79,6 +80,8 @@ class Broker:
         self.alarm: str | None = None
         #: policy actions applied, by (policy, outcome), for metrics
         self.action_counts: dict[tuple[str, str], int] = {}
+        #: the blast-radius budget of each vhost (``<blastRadius>``), kept across reloads
+        self.budgets = Budgets()
         self.vhosts: dict[str, VirtualHost] = {}
         for name_ in config.vhosts:
             self._add_vhost(name_)

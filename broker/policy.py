@@ -27,7 +27,7 @@ in for the broker as a :class:`SnapshotSource` and an :class:`ActionSink`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol, TypeAlias
 
@@ -207,6 +207,13 @@ class Trigger:
     options: Mapping[str, str]
     now: float
     policy: str
+    #: the named policy's own state, kept by the job that calls it from one check to the next
+    #: (one mapping per policy name, shared by all its queues). A stateful policy keeps its
+    #: per-queue entries in ``state["queues"]`` keyed by ``(vhost, queue)``: the slow-consumer
+    #: job drops the entry of a queue that left its snapshot and, for a queue that is healthy
+    #: again, calls the policy's optional ``healthy(queue, state)`` (see :data:`NamedPolicy`).
+    #: Stateless policies ignore it.
+    state: PolicyState = field(default_factory=dict)
 
     @property
     def reason(self) -> str:
@@ -231,7 +238,10 @@ class Trigger:
 # ---------------------------------------------------------------------------------------------
 
 #: A named policy: what ``<policy name="X">`` chooses. It gets the :class:`Trigger` of a queue
-#: that crossed thresholds and returns the actions to take (``Delete`` and ``Log`` are built in).
+#: that crossed thresholds and returns the actions to take (``Delete``, ``Log`` and
+#: ``Graduated`` are built in). A stateful one (``Graduated``) may also have an attribute
+#: ``healthy(queue: QueueView, state: PolicyState) -> list[Action]``, called for a queue it has
+#: an entry for in ``state["queues"]`` when a check finds that queue under every threshold.
 NamedPolicy: TypeAlias = Callable[[Trigger], list[Action]]
 
 #: Gives the named policy registered under a name; raises ``broker.registry.PluginError`` for a

@@ -12,7 +12,9 @@ Detection is a housekeeping job over a snapshot, so each check costs O(queues + 
 
 Any configured threshold that is exceeded triggers the ``<policy name>`` of the ``<consumer>``
 element: ``Delete`` (close channels with 506, then delete the queue; a durable queue only with
-option ``delete-persistent=true``), ``Log`` (a dry run), or any policy another plugin registered.
+option ``delete-persistent=true``), ``Log`` (a dry run), ``Graduated`` (one step further per
+check: log, lower the prefetch, cancel, 506, delete; one step back per healthy check), or any
+policy another plugin registered.
 A named policy is a callable ``policy(trigger) -> list[Action]`` (see
 :class:`broker.policy.Trigger`).
 
@@ -33,12 +35,14 @@ from broker.hookimpl import hookimpl
 from broker.policy import (
     Action,
     Breach,
+    CancelConsumer,
     CloseConsumerChannels,
     DeleteQueue,
     LogOnly,
     PolicyLookup,
     PolicyState,
     QueueView,
+    SetPrefetch,
     Snapshot,
     Spared,
     Trigger,
@@ -100,6 +104,8 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
     actions: list[Action] = []
     previous: dict[tuple[str, str], tuple[int, float]] = state.get("rates", {})
     rates: dict[tuple[str, str], tuple[int, float]] = {}
+    #: each named policy's own state (Trigger.state), by policy name
+    named: dict[str, PolicyState] = state.setdefault("named", {})
     for q in snapshot.queues:
         pol = q.policy
         cfg = pol.get(SECTION) if pol else None
@@ -128,14 +134,30 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
             elapsed = now - prev[1]
             over = elapsed > 0 and acks >= prev[0] and (acks - prev[0]) / elapsed < floor
         if not over:
+            if named:
+                ps = named.get(cfg.policy.name)
+                if ps and key in ps.get("queues", ()):
+                    healthy = getattr(policies(cfg.policy.name), "healthy", None)
+                    if healthy is not None:
+                        actions.extend(healthy(q, ps))
             continue
         breaches = measure(cfg, q, now, prev)
         ref = cfg.policy
         trigger = Trigger(
-            queue=q, breaches=breaches, options=dict(ref.options), now=now, policy=ref.name
+            queue=q,
+            breaches=breaches,
+            options=dict(ref.options),
+            now=now,
+            policy=ref.name,
+            state=named.setdefault(ref.name, {}),
         )
         actions.extend(policies(ref.name)(trigger))
     state["rates"] = rates
+    for ps in named.values():  # entries of queues that are gone (or out of scope) drop out
+        entries = ps.get("queues")
+        if entries:
+            for k in [k for k in entries if k not in rates]:
+                del entries[k]
     return actions
 
 
@@ -166,6 +188,118 @@ def log_policy(trigger: Trigger) -> list[Action]:
     return [LogOnly(**trigger.action_fields())]
 
 
+#: the steps of the Graduated policy, in order; a queue's level is how many it has taken
+STEPS: tuple[str, ...] = slow_consumer_config.GRADUATED_STEPS
+
+
+class GraduatedPolicy:
+    """Escalate one step per check that finds the queue still over a threshold; step back one
+    per check that finds it healthy.
+
+    The steps (:data:`STEPS`): ``log`` (a :class:`LogOnly`), ``prefetch`` (each manual-ack
+    consumer's prefetch divided by option ``prefetch-divisor``, default 2, floor 1; an
+    unlimited prefetch counts as what the consumer holds), ``cancel`` (a broker-sent
+    basic.cancel to each consumer), ``close`` (every consuming or polling channel closed with
+    506 ``Consuming too slow.``), ``delete`` (the queue deleted). A step with nothing to act on
+    (no consumer, every prefetch at 1 already) is passed over in the same check. Option
+    ``max-step`` caps the escalation (default ``delete``); at its cap the policy repeats the
+    cap's step. A durable queue without ``delete-persistent=true`` goes no further than
+    ``prefetch`` (it is not disconnected, as with ``Delete``): beyond, each check gives
+    :class:`Spared`.
+
+    The level lives in ``trigger.state["queues"][(vhost, queue)]`` (the slow-consumer job's
+    state), so the escalation is a pure function of the snapshots and that state: the backtest
+    replays it. Stepping back does not raise a prefetch it lowered (no further reduction is
+    asked for until the level climbs back to ``prefetch``).
+    """
+
+    def __call__(self, trigger: Trigger) -> list[Action]:
+        q = trigger.queue
+        opts = trigger.options
+        key = (q.vhost, q.name)
+        levels: dict[tuple[str, str], int] = trigger.state.setdefault("queues", {})
+        level = levels.get(key, 0)
+        top = STEPS.index(opts.get("max-step") or STEPS[-1]) + 1
+        kept = q.durable and not _flag(opts, "delete-persistent")
+        if kept:
+            top = min(top, STEPS.index("prefetch") + 1)
+        divisor = int(opts.get("prefetch-divisor") or 2)
+        fields = trigger.action_fields()
+        step = min(level + 1, top)
+        while True:
+            name = STEPS[step - 1]
+            fields["reason"] = f"{trigger.reason}; Graduated step {step} ({name})"
+            actions = _graduated_step(name, q, fields, divisor)
+            if actions or step >= top:
+                break
+            step += 1
+        levels[key] = step
+        if actions:
+            return actions
+        if kept:
+            fields["reason"] = (
+                f"{trigger.reason}; durable queue kept at Graduated step {step} ({name}), "
+                "option delete-persistent is not true"
+            )
+            return [Spared(**fields)]
+        fields["reason"] = (
+            f"{trigger.reason}; Graduated at its last step {step} ({name}), nothing to act on"
+        )
+        return [LogOnly(**fields)]
+
+    def healthy(self, queue: QueueView, state: PolicyState) -> list[Action]:
+        """One step back for a queue that is under every threshold again."""
+        levels: dict[tuple[str, str], int] = state.get("queues", {})
+        key = (queue.vhost, queue.name)
+        level = levels.get(key, 0)
+        if level <= 1:
+            levels.pop(key, None)
+        else:
+            levels[key] = level - 1
+        log.info(
+            "Graduated: vhost '%s' queue '%s' healthy, back to step %d",
+            queue.vhost,
+            queue.name,
+            max(level - 1, 0),
+        )
+        return []
+
+
+def _graduated_step(name: str, q: QueueView, fields: dict[str, Any], divisor: int) -> list[Action]:
+    if name == "log":
+        return [LogOnly(**fields)]
+    if name == "prefetch":
+        out: list[Action] = []
+        for c in q.consumers:
+            if c.no_ack:
+                continue  # a prefetch window does not bound a no-ack consumer
+            current = c.prefetch or c.unacked
+            lowered = max(1, current // divisor)
+            if c.prefetch == 0 or lowered < c.prefetch:
+                out.append(
+                    SetPrefetch(
+                        **fields,
+                        consumer_tag=c.tag,
+                        connection_id=c.connection_id,
+                        prefetch=lowered,
+                    )
+                )
+        return out
+    if name == "cancel":
+        return [
+            CancelConsumer(**fields, consumer_tag=c.tag, connection_id=c.connection_id)
+            for c in q.consumers
+        ]
+    if name == "close":
+        if not q.consumers and not q.getters:
+            return []
+        return [CloseConsumerChannels(**fields, code=RESOURCE_ERROR, text=SLOW_CONSUMER_TEXT)]
+    return [DeleteQueue(**fields)]
+
+
+graduated_policy = GraduatedPolicy()
+
+
 def _flag(options: Mapping[str, str], name: str) -> bool:
     return (options.get(name) or "").strip().lower() in ("true", "1", "yes", "on")
 
@@ -174,6 +308,7 @@ def _flag(options: Mapping[str, str], name: str) -> bool:
 def broker_register(registry: Registrar) -> None:
     registry.register_policy(slow_consumer_config.DELETE, delete_policy)
     registry.register_policy(slow_consumer_config.LOG, log_policy)
+    registry.register_policy(slow_consumer_config.GRADUATED, graduated_policy)
     registry.register_policy_job(JOB_NAME, evaluate, section=SECTION)
 
 

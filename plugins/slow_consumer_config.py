@@ -23,7 +23,10 @@ from broker.config.units import format_duration, format_size
 
 __all__ = [
     "DELETE",
+    "GRADUATED",
+    "GRADUATED_STEPS",
     "LOG",
+    "OPTIONS_BY_POLICY",
     "POLICIES",
     "POLICY_OPTIONS",
     "SECTION",
@@ -38,9 +41,18 @@ SECTION = "consumer"
 #: the policies this plugin implements (Qpid design); the XML may write them in any case
 DELETE = "Delete"
 LOG = "Log"
-POLICIES: tuple[str, ...] = (DELETE, LOG)
-#: the options the built-in policies understand
-POLICY_OPTIONS: frozenset[str] = frozenset({"delete-persistent"})
+GRADUATED = "Graduated"
+POLICIES: tuple[str, ...] = (DELETE, LOG, GRADUATED)
+#: the steps of ``Graduated``, in order (the values of its ``max-step`` option)
+GRADUATED_STEPS: tuple[str, ...] = ("log", "prefetch", "cancel", "close", "delete")
+#: the options each built-in policy understands
+OPTIONS_BY_POLICY: dict[str, frozenset[str]] = {
+    DELETE: frozenset({"delete-persistent"}),
+    LOG: frozenset({"delete-persistent"}),
+    GRADUATED: frozenset({"delete-persistent", "prefetch-divisor", "max-step"}),
+}
+#: every option a built-in policy understands
+POLICY_OPTIONS: frozenset[str] = frozenset().union(*OPTIONS_BY_POLICY.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +133,32 @@ def parse_policy(el: Any, ctx: ParseContext) -> PolicyRef:
             )
         return ref
 
+    known = OPTIONS_BY_POLICY[canonical]
+
     def check_option(opt: Any, option: str, value: str) -> str:
-        if option not in POLICY_OPTIONS:
+        if option not in known:
             raise ctx.error(
                 opt,
                 f"attribute name: {option!r} is not an option of policy {canonical} "
-                f"(known: {', '.join(sorted(POLICY_OPTIONS))})",
+                f"(known: {', '.join(sorted(known))})",
             )
         v = value.strip().lower()
+        if option == "max-step":
+            if v not in GRADUATED_STEPS:
+                raise ctx.error(
+                    opt,
+                    f"attribute value: option max-step takes one of "
+                    f"{', '.join(GRADUATED_STEPS)}, not {value!r}",
+                )
+            return v
+        if option == "prefetch-divisor":
+            if not v.isdigit() or int(v) < 2:
+                raise ctx.error(
+                    opt,
+                    f"attribute value: option prefetch-divisor takes a whole number of 2 or "
+                    f"more, not {value!r}",
+                )
+            return str(int(v))
         if v not in XML_TRUE | XML_FALSE:
             raise ctx.error(
                 opt,

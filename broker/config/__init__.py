@@ -26,6 +26,7 @@ from broker.config.errors import ConfigError
 from broker.config.loader import builtin_registry, load_config, load_default, parse_config
 from broker.config.model import (
     DEFAULT_TOPIC_EXCHANGE,
+    BlastRadiusConfig,
     BrokerConfig,
     ExchangeDecl,
     Limits,
@@ -55,6 +56,7 @@ __all__ = [
     "REACH_ANY",
     "REACH_TOPIC_SUBSCRIPTIONS",
     "SUBSCRIPTION_TYPES",
+    "BlastRadiusConfig",
     "BrokerConfig",
     "ConfigElementRegistry",
     "ConfigError",

@@ -36,6 +36,7 @@ from broker.config.errors import ConfigError
 from broker.config.model import (
     DEFAULT_TOPIC_EXCHANGE,
     XML_TRUE,
+    BlastRadiusConfig,
     BrokerConfig,
     ExchangeDecl,
     Limits,
@@ -389,9 +390,13 @@ class _Loader:
         topic_els: list[Any] = []
         sections: dict[str, object] = {}
         seen: dict[str, Any] = {}
+        blast: BlastRadiusConfig | None = None
         for child in children(el):
             tag = child.tag
-            if tag == "exchange":
+            if tag == "blastRadius":
+                self.ctx.once(seen, child, where)
+                blast = self.blast_radius(child)
+            elif tag == "exchange":
                 ex = self.exchange(child)
                 if ex.name in exchange_els:
                     raise self.err(
@@ -442,7 +447,26 @@ class _Loader:
             topics=tuple(topics),
             defaults=Sections(sections),
             topic_only=frozenset(getattr(self.registry, "topic_only_sections", ()) or ()),
+            blast_radius=blast,
         )
+
+    def blast_radius(self, el: Any) -> BlastRadiusConfig:
+        """``<blastRadius maxActionsPerMinute maxConsumersAffected/>``: at least one, each >= 1."""
+        values: list[int | None] = []
+        for attr in ("maxActionsPerMinute", "maxConsumersAffected"):
+            raw = el.get(attr)
+            if raw is None:
+                values.append(None)
+                continue
+            n = int(raw)
+            if n < 1:
+                raise self.err(el, f"attribute {attr}: must be at least 1, not {n}")
+            values.append(n)
+        if values == [None, None]:
+            raise self.err(
+                el, "sets no limit: give maxActionsPerMinute, maxConsumersAffected or both"
+            )
+        return BlastRadiusConfig(values[0], values[1])
 
     def exchange(self, el: Any) -> ExchangeDecl:
         name = el.get("name")

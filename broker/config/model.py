@@ -412,6 +412,23 @@ class TopicConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class BlastRadiusConfig:
+    """``<blastRadius>``: what all policies together may do to one vhost in a sliding minute
+    (see :mod:`broker.budget`); ``None`` for a limit that is not set."""
+
+    max_actions_per_minute: int | None = None
+    max_consumers_affected: int | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_actions_per_minute is not None:
+            parts.append(f"at most {self.max_actions_per_minute} action(s) a minute")
+        if self.max_consumers_affected is not None:
+            parts.append(f"at most {self.max_consumers_affected} consumer(s) affected a minute")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
 class VhostConfig:
     """``<virtualhost name>``: declared exchanges, per-queue and per-topic policies, defaults."""
 
@@ -423,6 +440,8 @@ class VhostConfig:
     #: sections that reach topic subscriptions only from ``<virtualhost>`` and ``<topic>``
     #: (registered with ``reach=REACH_TOPIC_SUBSCRIPTIONS``: the slow-consumer ``<consumer>``)
     topic_only: frozenset[str] = frozenset()
+    #: ``<blastRadius>``: the budget of every policy's actions in this vhost; None: unbounded
+    blast_radius: BlastRadiusConfig | None = None
 
     def resolve(
         self,

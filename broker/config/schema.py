@@ -68,7 +68,7 @@ BROKER_SINGLETONS: tuple[str, ...] = (
 #: every core element directly under ``<broker>``
 BROKER_CHILDREN: tuple[str, ...] = (*BROKER_SINGLETONS, "virtualhost")
 #: the core elements directly under ``<virtualhost>``
-VHOST_CHILDREN: tuple[str, ...] = ("exchange", "queue", "topic")
+VHOST_CHILDREN: tuple[str, ...] = ("exchange", "queue", "topic", "blastRadius")
 #: element names the core parses itself; no plugin may register one of them
 CORE_ELEMENTS: frozenset[str] = frozenset((*BROKER_CHILDREN, *VHOST_CHILDREN, "broker"))
 

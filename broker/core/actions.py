@@ -5,8 +5,15 @@ A policy returns :class:`~broker.policy.Action` values; the housekeeping pool ha
 :data:`HANDLERS` (``{Action type: handler}``), which re-checks that the action still holds (the
 queue and consumer are still there, the consumer did not ack since the snapshot) and returns
 the outcome: ``applied``, ``logged``, ``spared``, ``stale`` (nothing left to act on), ``failed``
-(the handler raised; logged) or ``unknown`` (no handler for the type). A subclass of an action
-type is applied by its base's handler unless it has one of its own.
+(the handler raised; logged), ``unknown`` (no handler for the type) or ``deferred`` (over the
+vhost's blast-radius budget, see below). A subclass of an action type is applied by its base's
+handler unless it has one of its own.
+
+Before a handler runs, an action that counts (:func:`broker.budget.counts`: not
+:class:`~broker.policy.LogOnly`, :class:`~broker.policy.Spared` nor a release) is checked against
+its vhost's ``<blastRadius>`` budget on the broker's clock: over it, the action is not applied,
+a line is logged and the outcome is ``deferred``. An action that is applied is counted, with the
+consumers it affected (the one it names, else every consumer of the queue).
 
 Handlers see only :class:`~broker.core.api.BrokerAPI`, so the same actions could be applied to
 another broker by another applier with the same table shape.
@@ -17,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from broker.budget import ConsumerKey, counts
 from broker.core.api import BrokerAPI
 from broker.policy import (
     Action,
@@ -160,16 +168,43 @@ def describe(api: BrokerAPI, a: Action) -> str:
     return what
 
 
+def affected(api: BrokerAPI, a: Action) -> list[ConsumerKey]:
+    """The consumers ``a`` would affect, as ``(connection_id, consumer_tag)``: the one it names,
+    else every consumer of its queue."""
+    tag = getattr(a, "consumer_tag", "")
+    if tag:
+        return [(getattr(a, "connection_id", ""), tag)]
+    return [(c.connection_id, c.tag) for c in api.consumers(a.vhost, a.queue)]
+
+
 def apply_actions(api: BrokerAPI, actions: Sequence[Action]) -> list[str]:
     """Apply ``actions`` in order on the loop; returns each one's outcome.
 
     Each outcome is counted (for metrics) and reported to ``broker_policy_action``; then what the
-    actions made ready is dispatched and written out.
+    actions made ready is dispatched and written out. An action over its vhost's blast-radius
+    budget is ``deferred`` instead of applied.
     """
     outcomes = []
     report = api.report_policy_action
     for a in actions:
         handler = handler_for(type(a))
+        budget = api.budget(a.vhost) if counts(a) else None
+        if budget is not None:
+            now = api.clock.monotonic()
+            hit = affected(api, a) if api.has_queue(a.vhost, a.queue) else []
+            why = budget.check(now, hit)
+            if why is not None:
+                policy_log.warning(
+                    "%s: %s deferred by the blast-radius budget of vhost '%s' (%s): %s",
+                    describe(api, a),
+                    type(a).__name__,
+                    a.vhost,
+                    why,
+                    a.reason,
+                )
+                outcomes.append("deferred")
+                report(a, "deferred")
+                continue
         if handler is None:
             log.error("no handler for policy action %s from policy %r", type(a).__name__, a.policy)
             outcome = "unknown"
@@ -179,10 +214,12 @@ def apply_actions(api: BrokerAPI, actions: Sequence[Action]) -> list[str]:
             except Exception:
                 log.exception("applying %r failed", a)
                 outcome = "failed"
+        if budget is not None and outcome == "applied":
+            budget.record(now, hit)
         outcomes.append(outcome)
         report(a, outcome)
     api.end_of_turn()
     return outcomes
 
 
-__all__ = ["HANDLERS", "ActionHandler", "apply_actions", "describe", "handler_for"]
+__all__ = ["HANDLERS", "ActionHandler", "affected", "apply_actions", "describe", "handler_for"]

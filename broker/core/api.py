@@ -27,6 +27,7 @@ from broker.domain import fate
 
 if TYPE_CHECKING:
     from broker.app import Broker
+    from broker.budget import Budget
     from broker.clock import Clock
     from broker.config import BrokerConfig
     from broker.domain.message import Message
@@ -657,6 +658,14 @@ class BrokerAPI:
         from broker.core.actions import apply_actions
 
         return apply_actions(self, actions)
+
+    def budget(self, vhost: str) -> Budget | None:
+        """The blast-radius budget of ``vhost`` (``<blastRadius>``), or None when it has none."""
+        vc = self._b.config.vhosts.get(vhost)
+        br = vc.blast_radius if vc is not None else None
+        if br is None:
+            return self._b.budgets.get(vhost, None, None)
+        return self._b.budgets.get(vhost, br.max_actions_per_minute, br.max_consumers_affected)
 
     def report_policy_action(self, action: Action, outcome: str) -> None:
         """Count an applied action (metrics) and tell the plugins (``broker_policy_action``)."""

@@ -114,7 +114,7 @@ def test_consumer_parsed_with_only_this_plugin_registered() -> None:
     )
     assert str(err) == (
         "config/bad.xml:4: <policy>: attribute name: policy 'Mine' is not built in "
-        "(Delete, Log) and no plugin registered it"
+        "(Delete, Log, Graduated) and no plugin registered it"
     )
     registry.register_policy("Mine")
     ok = parse_config(
