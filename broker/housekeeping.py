@@ -64,7 +64,7 @@ from apscheduler.executors.pool import BasePoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from broker.policy import ActionSink, SnapshotSource
+from broker.policy import DEFERRED, ActionSink, SnapshotSource
 from broker.registry import Job, JobSpec, PluginError, PolicyJobSpec, resolve_period
 
 if TYPE_CHECKING:
@@ -188,7 +188,9 @@ def run_policy_job(spec: PolicyJobSpec, ctx: JobContext) -> None:
     snapshot = ctx.snapshot(section=spec.section)
     actions = spec.policy(snapshot, ctx.state, ctx.policy)
     if actions:
-        ctx.apply(actions)
+        outcomes = ctx.apply(actions)
+        if "deferred" in outcomes:  # the budget held some back: the job hears of it next run
+            ctx.state[DEFERRED] = [a for a, o in zip(actions, outcomes) if o == "deferred"]
 
 
 class _JobRunner:

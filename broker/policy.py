@@ -250,7 +250,14 @@ PolicyLookup: TypeAlias = Callable[[str], NamedPolicy]
 
 #: A policy job's own state, kept across its runs (e.g. the last ``acks_total`` of each queue,
 #: for a rate). It starts empty; the job decides what to keep and must keep it O(queues).
+#: One key is written by whoever applies the job's actions: :data:`DEFERRED`.
 PolicyState: TypeAlias = MutableMapping[str, Any]
+
+#: ``state[DEFERRED]``: the actions of the job's previous run that the vhost's blast-radius
+#: budget deferred (not applied), a list, set only when there were some (by the housekeeping
+#: pool in the broker, by the replay in the backtest). A job that keeps an escalation in its
+#: state pops it to take back the steps that did not happen.
+DEFERRED = "deferred"
 
 
 class Policy(Protocol):
@@ -292,6 +299,7 @@ class ActionSink(Protocol):
 
 
 __all__ = [
+    "DEFERRED",
     "Action",
     "ActionSink",
     "Breach",

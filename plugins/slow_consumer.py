@@ -25,6 +25,7 @@ same function over the event journal.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +34,7 @@ from broker.config import ConfigElementRegistry
 from broker.errors import RESOURCE_ERROR, SLOW_CONSUMER_TEXT
 from broker.hookimpl import hookimpl
 from broker.policy import (
+    DEFERRED,
     Action,
     Breach,
     CancelConsumer,
@@ -99,6 +101,13 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
     (for the consumption rate); it is rebuilt each time, so queues that are gone drop out and
     it stays O(queues). A healthy queue costs a handful of comparisons: :func:`measure`, which
     builds the :class:`Breach` records, runs only for a queue that is over a threshold.
+
+    ``state["named"]`` keeps each named policy's own state (:attr:`Trigger.state`, what
+    ``Graduated`` escalates in); entries of queues that left the snapshot drop out. When the
+    blast-radius budget deferred an action a named policy asked for (``state[DEFERRED]``, see
+    :data:`broker.policy.DEFERRED`), that policy's entry for the queue is put back as it was
+    before that check (``state["undo"]``), so a step that did not happen is asked for again
+    rather than passed over.
     """
     now = snapshot.taken_at
     actions: list[Action] = []
@@ -106,6 +115,18 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
     rates: dict[tuple[str, str], tuple[int, float]] = {}
     #: each named policy's own state (Trigger.state), by policy name
     named: dict[str, PolicyState] = state.setdefault("named", {})
+    #: (policy, vhost, queue) -> the policy's entry for the queue before the last check called it
+    undo: dict[tuple[str, str, str], Any] = state.pop("undo", {})
+    for a in state.pop(DEFERRED, ()):
+        # the budget held back what the policy asked for: its step did not happen, take it back
+        k = (a.policy, a.vhost, a.queue)
+        if k in undo:
+            entries = named.get(a.policy, {}).setdefault("queues", {})
+            if undo[k] is None:
+                entries.pop((a.vhost, a.queue), None)
+            else:
+                entries[(a.vhost, a.queue)] = undo.pop(k)
+    undo = {}
     for q in snapshot.queues:
         pol = q.policy
         cfg = pol.get(SECTION) if pol else None
@@ -143,16 +164,22 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
             continue
         breaches = measure(cfg, q, now, prev)
         ref = cfg.policy
+        ps = named.setdefault(ref.name, {})
+        entries = ps.get("queues")
+        before = entries.get(key) if entries else None
+        undo[(ref.name, q.vhost, q.name)] = copy.deepcopy(before)
         trigger = Trigger(
             queue=q,
             breaches=breaches,
             options=dict(ref.options),
             now=now,
             policy=ref.name,
-            state=named.setdefault(ref.name, {}),
+            state=ps,
         )
         actions.extend(policies(ref.name)(trigger))
     state["rates"] = rates
+    if undo:
+        state["undo"] = undo
     for ps in named.values():  # entries of queues that are gone (or out of scope) drop out
         entries = ps.get("queues")
         if entries:

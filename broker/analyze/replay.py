@@ -19,6 +19,12 @@ view is simulated: a queue it would have deleted is out of later snapshots until
 again, a consumer it would have isolated counts as isolated until it acks, rejects or leaves, a
 consumer whose prefetch it would have set has that prefetch from then on.
 
+The candidate's ``<blastRadius>`` budgets are applied as the core applies them
+(:mod:`broker.budget`, on the journal's clock): an action over its vhost's budget is recorded
+with outcome ``deferred``, has no simulated effect, and is handed back to its job in
+``state[DEFERRED]`` at the next check. One difference: the replay cannot tell that an action
+would have found nothing to act on (``stale`` in the broker), so such an action counts here.
+
 This module is plain Python (no Spark): :mod:`broker.analyze.backtest` runs it in Spark tasks,
 one per group of queues, and tests can run it directly.
 """
@@ -33,7 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker.budget import Budgets, counts
 from broker.policy import (
+    DEFERRED,
     Action,
     ConsumerView,
     DeleteQueue,
@@ -343,6 +351,8 @@ class Replayer:
         self._run: str | None = None
         self._clock = start
         self._open: dict[tuple[Any, ...], dict[str, Any]] = {}
+        #: the candidate's blast-radius budgets, on the journal's clock
+        self.budgets = Budgets()
 
     # -- driving ----------------------------------------------------------------------------------
 
@@ -445,13 +455,50 @@ class Replayer:
             return
         actions = check.policy(snap, check.state, check.policies)
         seen: set[tuple[Any, ...]] = set()
+        deferred: list[Action] = []
         for a in actions:
-            seen.add(self._record(check, a, now))
-            self._simulate(a)
+            outcome = self._budgeted(a, now)
+            seen.add(self._record(check, a, now, outcome))
+            if outcome == "deferred":
+                deferred.append(a)
+            else:
+                self._simulate(a)
+        if deferred:  # as the housekeeping pool tells the job (broker.policy.DEFERRED)
+            check.state[DEFERRED] = deferred
         self._close_streaks(check.name, check.checks, keep=seen)
 
-    def _record(self, check: PolicyCheck, a: Action, now: float) -> tuple[Any, ...]:
+    def _budgeted(self, a: Action, now: float) -> str:
+        """The outcome to record for ``a``: ``deferred`` when the candidate's ``<blastRadius>``
+        for its vhost has no room at ``now`` (the same :class:`broker.budget.Budget` the core
+        applies), else as usual; an action that fits is counted."""
         outcome = _OUTCOME.get(type(a), "applied")
+        if outcome != "applied" or not counts(a):
+            return outcome
+        vc = self.config.vhosts.get(a.vhost)
+        br = vc.blast_radius if vc is not None else None
+        budget = (
+            self.budgets.get(a.vhost, br.max_actions_per_minute, br.max_consumers_affected)
+            if br is not None
+            else None
+        )
+        if budget is None:
+            return outcome
+        tag = getattr(a, "consumer_tag", "")
+        if tag:
+            hit = [(getattr(a, "connection_id", ""), tag)]
+        else:
+            q = self.queues.get((a.vhost, a.queue))
+            hit = [(c.conn, c.tag) for c in q.consumers.values()] if q is not None else []
+        if budget.check(now, hit) is not None:
+            return "deferred"
+        budget.record(now, hit)
+        return outcome
+
+    def _record(
+        self, check: PolicyCheck, a: Action, now: float, outcome: str | None = None
+    ) -> tuple[Any, ...]:
+        if outcome is None:
+            outcome = _OUTCOME.get(type(a), "applied")
         tag = getattr(a, "consumer_tag", "") or None
         conn = getattr(a, "connection_id", "") or None
         key = (check.name, a.vhost, a.queue, type(a).__name__, tag, conn, a.threshold)
