@@ -187,6 +187,41 @@ def test_duplicates() -> None:
     assert_located(fails("<broker><listen/>\n<listen/></broker>"), 2, "listen", "more than once")
 
 
+def test_blast_radius_is_read_checked_and_placed() -> None:
+    vh = parse_config(
+        wrap('<blastRadius maxActionsPerMinute="2" maxConsumersAffected="10"/>')
+    ).vhosts["/"]
+    assert vh.blast_radius is not None
+    assert (vh.blast_radius.max_actions_per_minute, vh.blast_radius.max_consumers_affected) == (
+        2,
+        10,
+    )
+    only = parse_config(wrap('<blastRadius maxConsumersAffected="3"/>')).vhosts["/"]
+    assert only.blast_radius is not None and only.blast_radius.max_actions_per_minute is None
+    assert parse_config(wrap("")).vhosts["/"].blast_radius is None
+    assert_located(fails(wrap("<blastRadius/>")), 3, "blastRadius", "sets no limit")
+    assert_located(
+        fails(wrap('<blastRadius maxActionsPerMinute="0"/>')),
+        3,
+        "blastRadius",
+        "maxActionsPerMinute",
+    )
+    assert_located(
+        fails(
+            wrap('<blastRadius maxActionsPerMinute="2"/>\n<blastRadius maxActionsPerMinute="3"/>')
+        ),
+        4,
+        "blastRadius",
+        "appears more than once",
+    )
+    assert_located(
+        fails(wrap('<queue name="q"><blastRadius maxActionsPerMinute="2"/></queue>')),
+        3,
+        "blastRadius",
+        "belongs directly under <virtualhost>",
+    )
+
+
 def test_topic_key_and_exchange_rules() -> None:
     assert_located(fails(wrap('<topic key="stocks.us*"/>')), 3, "topic", "whole words")
     err = fails(wrap('<exchange name="orders" type="direct"/>\n<topic key="a" exchange="orders"/>'))

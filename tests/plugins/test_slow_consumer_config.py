@@ -75,6 +75,24 @@ def test_slow_consumer_example_is_the_seed() -> None:
             "option",
             "takes true or false",
         ),
+        (
+            '<consumer><depth>1</depth><policy name="Graduated"><options>'
+            '<option name="max-step" value="explode"/></options></policy></consumer>',
+            "option",
+            "max-step takes one of log, prefetch, cancel, close, delete",
+        ),
+        (
+            '<consumer><depth>1</depth><policy name="Graduated"><options>'
+            '<option name="prefetch-divisor" value="1"/></options></policy></consumer>',
+            "option",
+            "prefetch-divisor takes a whole number of 2 or more",
+        ),
+        (
+            '<consumer><depth>1</depth><policy name="Delete"><options>'
+            '<option name="max-step" value="cancel"/></options></policy></consumer>',
+            "option",
+            "not an option of policy Delete",
+        ),
     ],
 )
 def test_consumer_range_and_rule_errors(section: str, element: str, fragment: str) -> None:
@@ -125,3 +143,19 @@ def test_consumer_parsed_with_only_this_plugin_registered() -> None:
         registry=registry,
     )
     assert ok.vhosts["/"].defaults["consumer"].policy == PolicyRef("Mine", {"x": "YES"})
+
+
+def test_graduated_is_built_in_with_its_options() -> None:
+    xml = wrap(
+        '<topic key="stocks.#"><consumer><messageCount>5</messageCount>'
+        '<policy name="graduated"><options><option name="max-step" value="Close"/>'
+        '<option name="prefetch-divisor" value="04"/>'
+        '<option name="delete-persistent" value="1"/></options></policy></consumer></topic>'
+    )
+    c = parse_config(xml).vhosts["/"].topics[0].sections["consumer"]
+    assert c.policy.name == "Graduated"
+    assert dict(c.policy.options) == {
+        "max-step": "close",
+        "prefetch-divisor": "4",
+        "delete-persistent": "true",
+    }
