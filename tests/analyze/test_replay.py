@@ -96,6 +96,32 @@ def test_slow_consumer_delete_fires_once_at_the_first_check_over_the_threshold()
     assert first["outcome"] == "applied"
 
 
+def test_graduated_escalates_and_the_budget_defers_in_the_replay_as_in_the_broker():
+    """Graduated's state is the job's, so the replay escalates step by step as the broker does;
+    the candidate's <blastRadius> defers the third action that counts, and the step it held
+    back is asked for again (not passed over) until the window has room."""
+    r = replayer(
+        '<blastRadius maxActionsPerMinute="2"/>'
+        '<topic key="stocks.us.*"><consumer><messageCount>5</messageCount>'
+        '<policy name="Graduated"/></consumer></topic>',
+        every=20.0,
+    )
+    r.feed_all(topic_queue())
+    r.feed(
+        ev("consumer_added", 0.0, consumer_tag="c1", connection_id="conn#1", channel_id=1, count=8)
+    )
+    r.feed_all(publish(0.5 + i * 0.01, i) for i in range(8))
+    actions = r.finish(T0 + 100.0)
+    assert [(a["at"] - T0, a["action"], a["outcome"]) for a in actions] == [
+        (20.0, "LogOnly", "logged"),
+        (40.0, "SetPrefetch", "applied"),
+        (60.0, "CancelConsumer", "applied"),
+        (80.0, "CloseConsumerChannels", "deferred"),  # 2 in the minute since t=40
+        (100.0, "CloseConsumerChannels", "applied"),  # asked again; t=40 left the window
+    ]
+    assert actions[1]["consumer_tag"] == "c1"
+
+
 def test_a_vhost_consumer_reaches_only_topic_subscriptions_in_the_replay_too():
     r = replayer('<consumer><messageCount>5</messageCount><policy name="Delete"/></consumer>')
     for name, exchange, etype in (("work", "amq.direct", "direct"), ("sub", "amq.topic", "topic")):
