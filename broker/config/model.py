@@ -583,6 +583,8 @@ class BrokerConfig:
         for vh in self.vhosts.values():
             out.append("")
             out.append(f"virtualhost {vh.name}")
+            if vh.blast_radius is not None:
+                out.append(f"  blastRadius: {vh.blast_radius.describe()} (all policies together)")
             for ex in vh.exchanges:
                 flags = ["durable" if ex.durable else "transient"]
                 if ex.auto_delete:
