@@ -14,7 +14,11 @@ import time
 from collections.abc import Callable
 
 import amqp
+import kombu
 import pytest
+from kombu.mixins import ConsumerMixin
+
+from plugins.journal import read_journal
 
 pytestmark = pytest.mark.e2e
 
@@ -149,9 +153,10 @@ def test_a_slow_subscriber_is_slowed_then_cancelled_then_closed(broker_factory, 
     assert bystander.error is None and bystander.confirmed > 0
 
 
-def test_the_budget_defers_the_third_action_and_reports_it(broker_factory, caplog):
-    b = broker_factory(graduated('<blastRadius maxActionsPerMinute="2"/>'), period="600000")
-    reported: list[str] = []
+def test_the_budget_defers_the_third_action_and_reports_it(broker_factory, caplog, tmp_path):
+    b = broker_factory(
+        graduated('<blastRadius maxActionsPerMinute="2"/>'), period="600000", journal=True
+    )
     with Bystander(b) as bystander, connect(b) as conn:
         ch = conn.channel()
         # a named, non-durable subscription that outlives its consumer (auto-delete would go
@@ -189,3 +194,73 @@ def test_the_budget_defers_the_third_action_and_reports_it(broker_factory, caplo
         assert counts[("Graduated", "deferred")] == 2
         assert counts[("Graduated", "applied")] == 2
         bystander.still_confirming()
+    b.stop()
+    journal = read_journal(tmp_path / "journal").to_pylist()
+    recorded = [(e["action"], e["outcome"]) for e in journal if e["event"] == "policy_action"]
+    assert recorded == [
+        ("LogOnly", "logged"),
+        ("SetPrefetch", "applied"),
+        ("CancelConsumer", "applied"),
+        ("CloseConsumerChannels", "deferred"),
+        ("CloseConsumerChannels", "deferred"),
+    ]
+
+
+def test_kombu_consumes_again_after_the_cancel_step(broker_factory):
+    """kombu raises ConsumerCancelled (a recoverable connection error) on the broker's
+    basic.cancel; a ConsumerMixin (what Celery's consumer does too) reconnects and consumes
+    again, and is then on its own: the queue stays at the step it reached."""
+    b = broker_factory(graduated(), period="600000")
+    exchange = kombu.Exchange("amq.topic", type="topic", passive=True)
+    queue = kombu.Queue("kombu-watch", exchange, routing_key=KEY, durable=False)
+
+    class Slow(ConsumerMixin):
+        def __init__(self, connection: kombu.Connection) -> None:
+            self.connection = connection
+            self.held: list[kombu.Message] = []
+
+        def get_consumers(self, consumer_cls, channel):  # type: ignore[no-untyped-def]
+            return [
+                consumer_cls(
+                    queues=[queue],
+                    callbacks=[lambda body, m: self.held.append(m)],
+                    prefetch_count=8,
+                )
+            ]
+
+    def consumers() -> list[tuple[str, str]]:
+        return b.call(
+            lambda: [
+                (c.tag, c.channel.connection_id)
+                for c in b.broker.vhosts["/"].queues["kombu-watch"].consumers
+            ]
+        )
+
+    with kombu.Connection(b.url()) as conn:
+        worker = Slow(conn)
+        t = threading.Thread(target=worker.run, daemon=True)
+        t.start()
+        try:
+            deadline = time.monotonic() + 5
+            while not b.call(lambda: "kombu-watch" in b.broker.vhosts["/"].queues):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            while not consumers():
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            publish(b, 12)
+            while len(worker.held) < 8:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            check(b)  # log
+            check(b)  # prefetch
+            before = consumers()
+            check(b)  # cancel
+            deadline = time.monotonic() + 10
+            while consumers() in ([], before):
+                assert time.monotonic() < deadline, "kombu did not consume again"
+                time.sleep(0.05)
+            assert len(consumers()) == 1
+        finally:
+            worker.should_stop = True
+            t.join(10)
