@@ -196,6 +196,8 @@ def test_blast_radius_is_read_checked_and_placed() -> None:
         2,
         10,
     )
+    shown = parse_config(wrap('<blastRadius maxActionsPerMinute="2"/>')).describe()
+    assert "  blastRadius: at most 2 action(s) a minute (all policies together)" in shown
     only = parse_config(wrap('<blastRadius maxConsumersAffected="3"/>')).vhosts["/"]
     assert only.blast_radius is not None and only.blast_radius.max_actions_per_minute is None
     assert parse_config(wrap("")).vhosts["/"].blast_radius is None
