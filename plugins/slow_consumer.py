@@ -127,6 +127,8 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
             else:
                 entries[(a.vhost, a.queue)] = undo.pop(k)
     undo = {}
+    #: policies that keep entries for some queues: only those hear of a healthy queue
+    keeping = {name for name, ps in named.items() if ps.get("queues")}
     for q in snapshot.queues:
         pol = q.policy
         cfg = pol.get(SECTION) if pol else None
@@ -155,19 +157,21 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
             elapsed = now - prev[1]
             over = elapsed > 0 and acks >= prev[0] and (acks - prev[0]) / elapsed < floor
         if not over:
-            if named:
-                ps = named.get(cfg.policy.name)
-                if ps and key in ps.get("queues", ()):
+            if keeping and cfg.policy.name in keeping:
+                kept = named[cfg.policy.name]
+                if key in kept["queues"]:
                     healthy = getattr(policies(cfg.policy.name), "healthy", None)
                     if healthy is not None:
-                        actions.extend(healthy(q, ps))
+                        actions.extend(healthy(q, kept))
             continue
         breaches = measure(cfg, q, now, prev)
         ref = cfg.policy
-        ps = named.setdefault(ref.name, {})
+        ps = named.get(ref.name)
+        if ps is None:
+            ps = {}
+            named[ref.name] = ps
         entries = ps.get("queues")
         before = entries.get(key) if entries else None
-        undo[(ref.name, q.vhost, q.name)] = copy.deepcopy(before)
         trigger = Trigger(
             queue=q,
             breaches=breaches,
@@ -177,6 +181,10 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
             state=ps,
         )
         actions.extend(policies(ref.name)(trigger))
+        if ps:  # a stateful policy: what to put back if the budget defers its step
+            undo[(ref.name, q.vhost, q.name)] = (
+                before if before is None or isinstance(before, int) else copy.deepcopy(before)
+            )
     state["rates"] = rates
     if undo:
         state["undo"] = undo
