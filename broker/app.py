@@ -24,6 +24,7 @@ from broker.clock import Clock, SystemClock
 from broker.config.users import Permission, is_loopback
 from broker.core.access import revoke_lost_access
 from broker.core.api import BrokerAPI
+from broker.domain import fate
 from broker.domain.message import MessageIds
 from broker.domain.queue import SHARED, Queue
 from broker.domain.timers import Timers
@@ -289,6 +290,11 @@ class Broker:
             limit = hl(vhost=q.vhost.name, queue=q.name)
         q.delivery_limit = limit if limit is not None else q.delivery_limit_arg
         iso = q.policy.get("isolation") if hasattr(q.policy, "get") else None
+        poison = getattr(iso, "poison_deliveries", None)
+        q.poison_deliveries = poison if poison and q.subscription_type == SHARED else None
+        if q.poison_deliveries is None and q.suspects:
+            for mid in list(q.suspects):
+                fate.forget_suspect(q, mid)
         cap = getattr(iso, "max_unacked_per_consumer", None)
         if cap:
             q.max_unacked_per_consumer = cap
@@ -394,6 +400,7 @@ class Broker:
                         c.prefetch,
                         c.no_ack,
                         c.busy_since,
+                        c.poison_suspects,
                     )
                     for c in cs
                 ]

@@ -55,6 +55,10 @@ class ConsumerView(NamedTuple):
     #: the ack clock (SPEC 6): monotonic time it went from nothing unacked to something unacked,
     #: restarted at each ack, nack or reject; ``None`` while it holds nothing unacked
     busy_since: float | None = None
+    #: unacked messages it holds that ``poisonDeliveries - 1`` other consumers held without
+    #: settling before they were isolated or disconnected (SPEC 6): over its ack timeout, it
+    #: is their last holder, and they are dead-lettered as poison instead of isolating it
+    poison_suspects: int = 0
 
 
 class QueueView(NamedTuple):
@@ -150,6 +154,16 @@ class SetPrefetch(Action):
 @dataclass(frozen=True, slots=True)
 class IsolateConsumer(Action):
     """Put a consumer on the queue's blocklist and requeue its unacked messages."""
+
+    consumer_tag: str = ""
+    connection_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterPoison(Action):
+    """Dead-letter (reason ``poison``) the messages a consumer holds that other consumers held
+    without settling (its ``poison_suspects``), instead of isolating it; the consumers isolated
+    because of those messages alone are released."""
 
     consumer_tag: str = ""
     connection_id: str = ""
@@ -306,6 +320,7 @@ __all__ = [
     "CancelConsumer",
     "CloseConsumerChannels",
     "ConsumerView",
+    "DeadLetterPoison",
     "DeleteQueue",
     "IsolateConsumer",
     "LogOnly",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import broker
@@ -240,6 +240,8 @@ class Channel:
             if not consumer.unacked:
                 consumer.busy_since = now  # nothing unacked -> something: the clock starts
             consumer.unacked += 1
+            if queue.suspects:
+                fate.suspect_delivered(queue, msg, consumer)
             if msg.stored and not msg.redelivered:
                 queue.vhost.store.delivered(queue, msg)
         conn = self.conn
@@ -325,33 +327,42 @@ class Channel:
         msg, queue, consumer = self.moved.pop(tag)
         fate.late_settle(queue, msg, consumer, self, ack, self.conn.clock.monotonic())
 
-    def take_unacked(self, consumer: Consumer) -> list[Message]:
-        """Take back what ``consumer`` holds unacked (it is being isolated); the tags are kept
-        in :attr:`moved`, so a late ack for one of them is accepted (:meth:`_late_settle`)."""
+    def take_unacked(self, consumer: Consumer, only: Container[int] | None = None) -> list[Message]:
+        """Take back what ``consumer`` holds unacked (it is being isolated), or only the
+        messages whose ids are in ``only`` (dead-lettered as poison); the tags are kept in
+        :attr:`moved`, so a late ack for one of them is accepted (:meth:`_late_settle`)."""
         unacked = self.unacked
         moved = self.moved
         out: list[Message] = []
         for tag, entry in list(unacked.items()):
-            if entry[2] is consumer:
+            if entry[2] is consumer and (only is None or entry[0].id in only):
                 del unacked[tag]
                 moved[tag] = entry  # type: ignore[assignment]
                 out.append(entry[0])
         return out
 
     def requeue_all(self, reason: str = "channel-closed") -> None:
-        """Return every unacked message to its queue (channel close, recover)."""
+        """Return every unacked message to its queue (channel close, recover).
+
+        On a channel close the consumers held them without settling them: that goes on the
+        messages' poison records (:func:`broker.domain.fate.requeue_unsettled`); a
+        basic.recover is the client's own request and does not count.
+        """
         if not self.unacked:
             return
-        by_queue: dict[int, tuple[Queue, list[Message]]] = {}
+        by_queue: dict[int, tuple[Queue, list[tuple[Message, Consumer | None]]]] = {}
         for msg, q, c in self.unacked.values():
             if c is not None:
                 c.unacked -= 1
                 if not c.unacked:
                     c.busy_since = None
-            by_queue.setdefault(id(q), (q, []))[1].append(msg)
+            by_queue.setdefault(id(q), (q, []))[1].append((msg, c))
         self.unacked.clear()
-        for q, msgs in by_queue.values():
-            fate.requeue(q, msgs, reason)
+        for q, entries in by_queue.values():
+            if reason == "recover":
+                fate.requeue(q, [m for m, _ in entries], reason)
+            else:
+                fate.requeue_unsettled(q, entries, reason)
 
     def teardown(self, reason: str) -> None:
         """Cancel consumers and requeue unacked messages (the channel is going away)."""

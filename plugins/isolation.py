@@ -15,7 +15,13 @@ holds unacked) and asks the core to isolate them:
 3. it leaves the blocklist when it acks, nacks or rejects anything, or disconnects (the core
    does that at once, it is not a policy decision);
 4. at most ``floor(maxIsolatedRatio x consumers)`` consumers of a queue are isolated at once
-   (0.6 by default), so a fault that blocks everyone cannot starve the queue completely.
+   (0.6 by default), so a fault that blocks everyone cannot starve the queue completely;
+5. a poison message is not a bad consumer: the core keeps, for a message that came back from a
+   consumer that held it without settling (isolated, or its channel closed), the distinct
+   consumers that did so; an overdue consumer holding a message that ``poisonDeliveries - 1``
+   others held so (its :attr:`~broker.policy.ConsumerView.poison_suspects`) is not isolated:
+   the check asks for :class:`~broker.policy.DeadLetterPoison`, the message is dead-lettered
+   with reason ``poison`` and the consumers isolated because of it alone are released.
 
 Isolation applies to ``shared`` queues only: never to ``key_shared`` (its key order would
 break), ``exclusive`` or ``failover`` (there is no other consumer to hand the messages to).
@@ -37,6 +43,7 @@ from broker.hookimpl import hookimpl
 from broker.policy import (
     Action,
     ConsumerView,
+    DeadLetterPoison,
     IsolateConsumer,
     PolicyLookup,
     PolicyState,
@@ -68,18 +75,41 @@ def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:
     consumers = q.consumers
     timeout = cfg.ack_timeout
     overdue = []
+    actions: list[Action] = []
     for c in consumers:
         if c.isolated or c.unacked <= 0:
             continue
         since = stuck_since(c)
-        if since is not None and now - since > timeout:
-            overdue.append((since, c))
+        if since is None or now - since <= timeout:
+            continue
+        if c.poison_suspects > 0:
+            # it holds a message that poisonDeliveries - 1 others held without settling: the
+            # message is the fault, not this consumer (the cap does not apply: nobody is
+            # isolated)
+            actions.append(
+                DeadLetterPoison(
+                    vhost=q.vhost,
+                    queue=q.name,
+                    policy=POLICY,
+                    reason=(
+                        f"no ack for {now - since:.3f} s holding {c.poison_suspects} message(s) "
+                        f"that {cfg.poison_deliveries - 1} other consumer(s) held without "
+                        "settling: poison"
+                    ),
+                    threshold="poisonDeliveries",
+                    configured=cfg.poison_deliveries,
+                    measured=round(now - since, 3),
+                    consumer_tag=c.tag,
+                    connection_id=c.connection_id,
+                )
+            )
+            continue
+        overdue.append((since, c))
     if not overdue:
-        return []
+        return actions
     overdue.sort(key=lambda pair: pair[0])  # the longest silent first
     cap = cfg.max_isolated(len(consumers))
     room = cap - sum(1 for c in consumers if c.isolated)
-    actions: list[Action] = []
     for since, c in overdue[: max(room, 0)]:
         actions.append(
             IsolateConsumer(

@@ -14,6 +14,7 @@ from math import floor
 from typing import Any
 
 from broker.config import ConfigElementRegistry, ParseContext
+from broker.config.context import local_name
 from broker.config.units import format_duration
 from broker.subscription import SHARED
 
@@ -33,6 +34,9 @@ class IsolationConfig:
     #: seconds between checks
     check_period: float = 30.0
     max_unacked_per_consumer: int = 50000
+    #: distinct consumers that may hold a message without settling it before it is
+    #: dead-lettered as poison (0: never)
+    poison_deliveries: int = 3
 
     def max_isolated(self, consumers: int) -> int:
         """``floor(maxIsolatedRatio x consumers)``, computed in decimal so 0.29 x 100 is 29."""
@@ -42,7 +46,8 @@ class IsolationConfig:
         return (
             f"ackTimeout {format_duration(self.ack_timeout)}, maxIsolatedRatio "
             f"{self.max_isolated_ratio:g}, checkPeriod {format_duration(self.check_period)}, "
-            f"maxUnackedPerConsumer {self.max_unacked_per_consumer}"
+            f"maxUnackedPerConsumer {self.max_unacked_per_consumer}, poisonDeliveries "
+            f"{self.poison_deliveries or 'off'}"
         )
 
 
@@ -56,7 +61,15 @@ def parse_isolation(el: Any, ctx: ParseContext) -> IsolationConfig:
         max_isolated_ratio=ctx.number(el, "maxIsolatedRatio", 0.6, minimum=0.0, maximum=1.0),
         check_period=ctx.duration(el, "checkPeriod", 30.0),
         max_unacked_per_consumer=ctx.integer(el, "maxUnackedPerConsumer", 50000, minimum=1),
+        poison_deliveries=ctx.integer(el, "poisonDeliveries", 3, minimum=0),
     )
+    if config.poison_deliveries == 1:
+        where = next(c for c in ctx.children(el) if local_name(c) == "poisonDeliveries")
+        raise ctx.error(
+            where,
+            "<poisonDeliveries> must be 0 (off) or at least 2: a message is poison only when "
+            "more than one consumer failed on it",
+        )
     scope = ctx.scope(el)
     subscription = scope.attributes.get("subscription")
     if scope.kind == "queue" and subscription not in (None, SHARED):

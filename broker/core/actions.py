@@ -30,6 +30,7 @@ from broker.policy import (
     Action,
     CancelConsumer,
     CloseConsumerChannels,
+    DeadLetterPoison,
     DeleteQueue,
     IsolateConsumer,
     LogOnly,
@@ -112,6 +113,25 @@ def _isolate(api: BrokerAPI, a: Action, what: str) -> str:
     return "applied"
 
 
+def _poison(api: BrokerAPI, a: Action, what: str) -> str:
+    assert isinstance(a, DeadLetterPoison)
+    c = api.consumer(a.vhost, a.queue, a.consumer_tag, a.connection_id)
+    if c is None or c.poison_suspects <= 0:
+        return "stale"  # it settled them, or lost them, since the snapshot
+    dead = api.dead_letter_poison(a.vhost, a.queue, c.tag, c.connection_id)
+    if not dead:
+        return "stale"
+    policy_log.warning(
+        "%s: consumer %s (connection %s) is over its ack timeout holding %d message(s) that "
+        "other consumers held without settling: dead-lettered as poison instead of isolating it",
+        what,
+        c.tag,
+        c.connection_id,
+        dead,
+    )
+    return "applied"
+
+
 def _release(api: BrokerAPI, a: Action, what: str) -> str:
     assert isinstance(a, ReleaseConsumer)
     ok = api.release(a.vhost, a.queue, a.consumer_tag, a.connection_id, reason=a.reason)
@@ -143,6 +163,7 @@ HANDLERS: dict[type[Action], ActionHandler] = {
     CloseConsumerChannels: _close_consumer_channels,
     DeleteQueue: _delete_queue,
     IsolateConsumer: _isolate,
+    DeadLetterPoison: _poison,
     ReleaseConsumer: _release,
     CancelConsumer: _cancel,
     SetPrefetch: _set_prefetch,

@@ -102,6 +102,8 @@ class ConsumerInfo:
     #: the ack clock isolation uses (SPEC 6): monotonic time it went from nothing unacked to
     #: something unacked, restarted at each ack, nack or reject; None while it holds nothing
     busy_since: float | None = None
+    #: unacked messages it holds that other consumers held without settling (SPEC 6, poison)
+    poison_suspects: int = 0
 
     @property
     def ack_clock(self) -> float | None:
@@ -598,6 +600,18 @@ class BrokerAPI:
             return None
         return fate.isolate(c, self._b.clock.monotonic())
 
+    def dead_letter_poison(
+        self, vhost: str, queue: str, tag: str, connection_id: str = ""
+    ) -> int | None:
+        """Dead-letter, with reason ``poison``, the messages a consumer holds that other
+        consumers held without settling (SPEC 6), instead of isolating it; the consumers
+        isolated because of them alone are released. Returns how many were dead-lettered,
+        None if there is no such consumer."""
+        c = self._consumer(vhost, queue, tag, connection_id)
+        if c is None:
+            return None
+        return fate.poison(c, self._b.clock.monotonic())
+
     def release(
         self, vhost: str, queue: str, tag: str, connection_id: str = "", *, reason: str
     ) -> bool:
@@ -800,6 +814,7 @@ def _consumer_info(q: Queue, c: Consumer) -> ConsumerInfo:
         c.last_ack,
         c.first_delivery,
         c.busy_since,
+        c.poison_suspects,
     )
 
 

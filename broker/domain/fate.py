@@ -21,6 +21,10 @@ or taken back from an isolated consumer is one function of this module:
 :func:`plan_redrive`        which of them would go where (a dry run, and each paced step)
 :func:`isolate`             blocklist a consumer and requeue its unacked messages to the others
 :func:`release`             take a consumer off the blocklist
+:func:`requeue_unsettled`   messages a consumer held without settling come back (disconnect,
+                            isolation): the poison record, then :func:`requeue`
+:func:`poison`              an overdue consumer holds a message others held without settling:
+                            dead-letter it (reason ``poison``) instead of isolating the consumer
 ==========================  ======================================================================
 
 The session (the basic.* methods, channel close, basic.recover), the core API (isolation,
@@ -126,6 +130,8 @@ def reject(
     one), within the queue's delivery limit; ``requeue=false`` dead-letters or drops it.
     """
     tag = _settled_by(consumer, now, "rejected")
+    if q.suspects:
+        forget_suspect(q, msg.id)  # a consumer settled it: not poison
     vh = q.vhost
     hooks = vh.hooks
     h = hooks.message_rejected
@@ -205,6 +211,9 @@ def requeue(
     """
     if q.deleted:
         return []
+    if q.suspects:
+        for m in msgs:
+            _unhold(q, m.id)
     limit = q.delivery_limit if count else None
     held = q.held
     live: list[Message] = []
@@ -890,7 +899,7 @@ def isolate(consumer: Consumer, now: float) -> int:
     consumer.unacked = 0
     consumer.busy_since = None
     if moved:
-        back = requeue(q, moved, "consumer-isolated")
+        back = requeue_unsettled(q, [(m, consumer) for m in moved], "consumer-isolated")
         q.moved_waiting.update(m.id for m in back)
     vh = q.vhost
     h = vh.hooks.consumer_isolated
@@ -933,13 +942,187 @@ def release(consumer: Consumer, reason: str) -> None:
         )
 
 
+# --------------------------------------------------------------------------- poison
+
+#: the reason of a message dead-lettered as poison (x-death, hooks, journal)
+POISON = "poison"
+
+
+class Suspect:
+    """The poison record of one message (SPEC 6): the distinct consumers that held it without
+    settling it and lost it to isolation or a disconnect.
+
+    A queue keeps one only for a message that came back so (``Queue.suspects``, by message id)
+    and drops it (:func:`forget_suspect`) when the message is settled, rejected or
+    dead-lettered: the cost is per such message, O(1) per event.
+    """
+
+    __slots__ = ("holder", "holders")
+
+    def __init__(self) -> None:
+        self.holders: set[Consumer] = set()
+        #: the consumer that holds the message now and counts it in its ``poison_suspects``
+        #: (it would be the last of ``poisonDeliveries`` holders), else None
+        self.holder: Consumer | None = None
+
+
+def _unhold(q: Queue, msg_id: int) -> None:
+    """The message left the consumer that held it: it no longer counts in its figure."""
+    rec = q.suspects.get(msg_id)
+    if rec is not None and rec.holder is not None:
+        rec.holder.poison_suspects -= 1
+        rec.holder = None
+
+
+def forget_suspect(q: Queue, msg_id: int) -> Suspect | None:
+    """Drop the poison record of a message (settled, rejected or dead-lettered).
+
+    Every holder has one open record fewer; an isolated holder that held a poison message and
+    has no open record left (all else it lost was settled by others) is released: its isolation
+    was caused by poison only.
+    """
+    rec = q.suspects.pop(msg_id, None)
+    if rec is None:
+        return None
+    h = rec.holder
+    if h is not None:
+        h.poison_suspects -= 1
+        rec.holder = None
+    for c in rec.holders:
+        c.open_suspects -= 1
+        if c.open_suspects <= 0 and c.poison_hit and c.isolated:
+            release(c, POISON)
+    return rec
+
+
+def suspect_delivered(q: Queue, msg: Message, consumer: Consumer) -> None:
+    """``msg`` went to ``consumer`` (unacked, while ``q`` keeps poison records): if
+    ``poisonDeliveries - 1`` other consumers held it without settling, it counts in the
+    consumer's ``poison_suspects``, the figure the isolation check reads."""
+    rec = q.suspects.get(msg.id)
+    k = q.poison_deliveries
+    if rec is None or k is None:
+        return
+    others = len(rec.holders) - (consumer in rec.holders)
+    if others >= k - 1:
+        if rec.holder is not None:
+            rec.holder.poison_suspects -= 1
+        rec.holder = consumer
+        consumer.poison_suspects += 1
+
+
+def _held_without_settling(q: Queue, msg: Message, consumer: Consumer) -> bool:
+    """``consumer`` lost ``msg`` without settling it: add it to the message's poison record.
+    True when the record now names ``poisonDeliveries`` distinct consumers."""
+    k = q.poison_deliveries
+    if k is None or msg.id not in q.held:
+        return False
+    rec = q.suspects.get(msg.id)
+    if rec is None:
+        rec = q.suspects[msg.id] = Suspect()
+    elif rec.holder is not None:
+        rec.holder.poison_suspects -= 1
+        rec.holder = None
+    if consumer not in rec.holders:
+        rec.holders.add(consumer)
+        consumer.open_suspects += 1
+    return len(rec.holders) >= k
+
+
+def _dead_letter_poison(q: Queue, msg: Message) -> None:
+    """``msg`` is poison: dead-letter it (or drop it), then release the consumers isolated
+    because of it alone."""
+    rec = q.suspects.pop(msg.id, None)
+    holders: set[Consumer] = set()
+    if rec is not None:
+        if rec.holder is not None:
+            rec.holder.poison_suspects -= 1
+            rec.holder = None
+        holders = rec.holders
+    q.moved_waiting.discard(msg.id)
+    q.settle(msg)
+    vh = q.vhost
+    policy_log.warning(
+        "queue '%s' in vhost '%s': message %d was held by %d consumers that neither acked, "
+        "nacked nor rejected it before isolation or disconnect; dead-lettered as poison",
+        q.name,
+        vh.name,
+        msg.id,
+        len(holders),
+    )
+    dead_letter_or_drop(q, msg, POISON)
+    for c in holders:
+        c.poison_hit = True
+        c.open_suspects -= 1
+        if c.open_suspects <= 0 and c.isolated:
+            release(c, POISON)
+
+
+def requeue_unsettled(
+    q: Queue, entries: Sequence[tuple[Message, Consumer | None]], reason: str
+) -> list[Message]:
+    """Messages that consumers held without settling come back to ``q``: their channel closed
+    (or the connection went), or the consumer was isolated.
+
+    On a queue that keeps poison records (``<isolation><poisonDeliveries>``), each holder is
+    added to its message's record; a message whose record reaches ``poisonDeliveries``
+    distinct consumers is dead-lettered with reason ``poison`` instead of coming back. The
+    others go through :func:`requeue`. Returns the messages requeued.
+    """
+    msgs = [m for m, _ in entries]
+    if q.poison_deliveries is not None and not q.deleted:
+        msgs = []
+        for m, c in entries:
+            if c is not None and _held_without_settling(q, m, c):
+                _dead_letter_poison(q, m)
+            else:
+                msgs.append(m)
+    return requeue(q, msgs, reason)
+
+
+def poison(consumer: Consumer, now: float) -> int:
+    """The isolation check found ``consumer`` over its ack timeout while it holds messages
+    that ``poisonDeliveries - 1`` other consumers held without settling (its
+    ``poison_suspects``): those are dead-lettered with reason ``poison`` instead of isolating
+    it, and the consumers isolated because of them alone are released.
+
+    The messages are taken from its channel as on isolation, so its late ack for one of them
+    is accepted; its ack clock starts again if it holds anything else. Returns how many
+    messages were dead-lettered.
+    """
+    q = consumer.queue
+    if consumer.poison_suspects <= 0 or q.deleted:
+        return 0
+    ids = {mid for mid, rec in q.suspects.items() if rec.holder is consumer}
+    taken = consumer.channel.take_unacked(consumer, ids)
+    if not taken:
+        return 0
+    n = max(consumer.unacked - len(taken), 0)
+    consumer.unacked = n
+    consumer.busy_since = now if n > 0 else None
+    dead = 0
+    back: list[Message] = []
+    for m in taken:
+        if _held_without_settling(q, m, consumer):
+            _dead_letter_poison(q, m)
+            dead += 1
+        else:
+            back.append(m)
+    if back:
+        q.moved_waiting.update(m.id for m in requeue(q, back, "consumer-isolated"))
+    q.vhost.mark_dirty(q)  # its prefetch slots are free again
+    return dead
+
+
 __all__ = [
     "DEAD_LETTERED",
     "LAST_DELIVERY_COUNT",
+    "POISON",
     "RETRIED",
     "PacedRedrive",
     "RedrivePlan",
     "RetryRefused",
+    "Suspect",
     "ack",
     "ack_all",
     "cannot_move",
@@ -948,6 +1131,7 @@ __all__ = [
     "death_reason_of",
     "drop",
     "expire",
+    "forget_suspect",
     "forward",
     "isolate",
     "late_settle",
@@ -956,12 +1140,15 @@ __all__ = [
     "original_queue_of",
     "overflow",
     "plan_redrive",
+    "poison",
     "reconsume",
     "redrive",
     "redrive_one",
     "reject",
     "release",
     "requeue",
+    "requeue_unsettled",
     "retry_due",
     "settle_unacked",
+    "suspect_delivered",
 ]

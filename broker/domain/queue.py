@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from broker.domain import fate
@@ -50,9 +50,10 @@ class ConsumerChannel(Protocol):
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None: ...
 
-    def take_unacked(self, consumer: Consumer) -> list[Message]:
-        """Take back every message ``consumer`` holds unacked (it is being isolated); a later
-        ack for one of them is a late settle, not an error."""
+    def take_unacked(self, consumer: Consumer, only: Container[int] | None = None) -> list[Message]:
+        """Take back every message ``consumer`` holds unacked (it is being isolated), or only
+        those whose ids are in ``only``; a later ack for one of them is a late settle, not an
+        error."""
         ...
 
 
@@ -69,7 +70,10 @@ class Consumer:
         "last_ack",
         "max_unacked",
         "no_ack",
+        "open_suspects",
         "order",
+        "poison_hit",
+        "poison_suspects",
         "prefetch",
         "queue",
         "tag",
@@ -113,6 +117,14 @@ class Consumer:
         self.capped = False
         self.max_unacked = max_unacked
         self.delivered_total = 0
+        #: unacked messages it holds that ``poisonDeliveries - 1`` other consumers held without
+        #: settling: it would be the last of them (a running figure for the isolation check)
+        self.poison_suspects = 0
+        #: open poison records (:class:`~broker.domain.fate.Suspect`) that name it as a holder
+        self.open_suspects = 0
+        #: it held a message that was dead-lettered as poison: once none of its open records
+        #: is left, its isolation was caused by poison only and it is released
+        self.poison_hit = False
 
     def can_take(self) -> bool:
         if self.isolated:
@@ -212,6 +224,12 @@ class Queue:
         #: ids of messages taken back from an isolated consumer and not delivered again yet:
         #: a late ack for one of them can then find it without scanning the ready list
         self.moved_waiting: set[int] = set()
+        #: ``<isolation><poisonDeliveries>`` of a shared queue with isolation, else None (no
+        #: poison records are kept)
+        self.poison_deliveries: int | None = None
+        #: poison records by message id, only for messages that came back from a consumer that
+        #: held them without settling (see :mod:`broker.domain.fate`)
+        self.suspects: dict[int, fate.Suspect] = {}
 
     # ----------------------------------------------------------------- figures
 
@@ -363,6 +381,8 @@ class Queue:
             self.bytes -= msg.body_size
             if msg.stored:
                 self.vhost.store_remove(self, msg)
+            if self.suspects:
+                fate.forget_suspect(self, msg.id)
 
     def settle(self, msg: Message) -> None:
         """A delivered message is done with (acked, or rejected without requeue)."""
@@ -680,6 +700,7 @@ class Queue:
         self.held.clear()
         self.bytes = self.ready_bytes = self.delayed = 0
         self.moved_waiting.clear()
+        self.suspects.clear()
         for t in (self._expiry_timer, self._idle_timer):
             if t is not None:
                 self.vhost.timers.cancel(t)

@@ -71,18 +71,35 @@ class Channel:
         consumer.unacked += 1
         if consumer.first_delivery is None:
             consumer.first_delivery = queue.vhost.clock.monotonic()
+        if queue.suspects:
+            fate.suspect_delivered(queue, msg, consumer)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         pass
 
-    def take_unacked(self, consumer: Consumer) -> list[Message]:
+    def take_unacked(self, consumer: Consumer, only: Any = None) -> list[Message]:
         out = []
         for tag, entry in list(self.unacked.items()):
-            if entry[2] is consumer:
+            if entry[2] is consumer and (only is None or entry[0].id in only):
                 del self.unacked[tag]
                 self.moved[tag] = entry
                 out.append(entry[0])
         return out
+
+    def close(self) -> None:
+        """The channel goes away: its consumers leave and what they held comes back unsettled
+        (what the session's teardown does)."""
+        entries = list(self.unacked.values())
+        self.unacked.clear()
+        for _, q, c in entries:
+            c.unacked -= 1
+            if not c.unacked:
+                c.busy_since = None
+            q.remove_consumer(c)
+        for msg, q, c in entries:
+            fate.requeue_unsettled(q, [(msg, c)], "channel-closed")
+        for _, _, c in entries:
+            fate.release(c, "disconnected")
 
 
 @pytest.fixture
@@ -619,3 +636,141 @@ def test_a_paced_redrive_stops_when_its_queue_is_deleted(vh, hooks, clock):
     clock.advance(1)
     vh.timers.run_due()
     assert paced.done and q.message_count == 1
+
+
+# --------------------------------------------------------------------------- poison
+
+
+def poison_queue(vh: VirtualHost, k: int = 3, dlx: bool = True) -> tuple[Queue, Queue | None]:
+    """A shared queue keeping poison records (what ``<isolation><poisonDeliveries>`` sets)."""
+    if dlx:
+        q, dlq = with_dlq(vh)
+    else:
+        q, _ = vh.declare_queue("q")
+        dlq = None
+    q.poison_deliveries = k
+    return q, dlq
+
+
+def death_reasons(dlq: Queue) -> list[str]:
+    return [fate.death_reason_of(m) or "" for m in dlq.ready]
+
+
+def test_a_message_three_consumers_held_past_isolation_is_dead_lettered_as_poison(vh, hooks, clock):
+    q, dlq = poison_queue(vh)
+    [m] = put(vh, q, b"poison")
+    a = consume(q, Channel("a"), "a")
+    clock.advance(10)
+    fate.isolate(a, clock.monotonic())
+    assert q.suspects[m.id].holders == {a} and a.open_suspects == 1
+    b = consume(q, Channel("b"), "b")
+    assert b.unacked == 1 and b.poison_suspects == 0  # one other holder: not yet the last
+    clock.advance(10)
+    fate.isolate(b, clock.monotonic())
+    c_ch = Channel("c")
+    c = consume(q, c_ch, "c")
+    assert c.unacked == 1 and c.poison_suspects == 1  # it would be the third
+    clock.advance(10)
+    assert fate.poison(c, clock.monotonic()) == 1
+    # dead-lettered with reason poison, the isolations it caused released, c never isolated
+    assert death_reasons(dlq) == ["poison"]
+    [dead] = hooks.named("message_dead_lettered")
+    assert dead["reason"] == "poison" and dead["message"] is m
+    released = hooks.named("consumer_released")
+    assert sorted(r["consumer_tag"] for r in released) == ["a", "b"]
+    assert {r["reason"] for r in released} == {"poison"}
+    assert not a.isolated and not b.isolated and not c.isolated
+    assert c.unacked == 0 and c.busy_since is None and c.poison_suspects == 0
+    assert q.message_count == 0 and q.suspects == {}
+    assert a.open_suspects == b.open_suspects == 0
+    # c's late ack for the dead-lettered message is accepted and changes nothing
+    msg, queue, cons = c_ch.moved.pop(1)
+    fate.late_settle(queue, msg, cons, c_ch, True, clock.monotonic())
+    assert hooks.named("message_acked") == [] and len(dlq.ready) == 1
+
+
+def test_consumers_that_disconnect_holding_it_count_too_and_without_a_target_it_is_dropped(
+    vh, hooks, clock
+):
+    q, _ = poison_queue(vh, dlx=False)
+    [m] = put(vh, q, b"crash")
+    for i in range(2):
+        ch = Channel(f"conn-{i}")
+        consume(q, ch, f"c{i}")
+        ch.close()
+        assert m.id in q.held and len(q.suspects[m.id].holders) == i + 1
+    last = Channel("conn-2")
+    consume(q, last, "c2")
+    last.close()  # the third holder goes away without settling it: poison
+    assert q.message_count == 0 and q.suspects == {}
+    [drop] = hooks.named("message_dropped")
+    assert drop["reason"] == "poison" and drop["message"] is m
+
+
+def test_a_consumer_that_settles_it_clears_the_record(vh, hooks, clock):
+    q, dlq = poison_queue(vh, k=2)
+    [m] = put(vh, q, b"fine")
+    a = consume(q, Channel("a"), "a")
+    fate.isolate(a, clock.monotonic())
+    b_ch = Channel("b")
+    b = consume(q, b_ch, "b")
+    assert b.poison_suspects == 1
+    # b rejects it with requeue: a consumer settled it, so it is not poison
+    msg, queue, cons = b_ch.unacked.pop(1)
+    fate.reject(queue, msg, cons, b_ch, True, clock.monotonic())
+    assert q.suspects == {} and b.poison_suspects == 0 and a.open_suspects == 0
+    assert a.isolated  # a was stuck for its own reasons: it stays isolated
+    c_ch = Channel("c")
+    consume(q, c_ch, "c")
+    c_ch.close()  # one holder again, of two: it comes back
+    assert m.id in q.held and not dlq.ready
+
+
+def test_an_isolated_consumer_is_released_only_when_all_else_it_lost_was_settled(vh, hooks, clock):
+    q, dlq = poison_queue(vh, k=2)
+    _, good = put(vh, q, b"bad", b"good")
+    a = consume(q, Channel("a"), "a")
+    assert a.unacked == 2
+    fate.isolate(a, clock.monotonic())
+    assert a.open_suspects == 2
+    b_ch = Channel("b")
+    b = consume(q, b_ch, "b", prefetch=1)  # takes "bad" only
+    assert b.poison_suspects == 1
+    clock.advance(10)
+    assert fate.poison(b, clock.monotonic()) == 1
+    assert death_reasons(dlq) == ["poison"]
+    # a lost "good" too, and nobody has settled it yet: a is not released
+    assert a.isolated and a.open_suspects == 1
+    q.remove_consumer(b)
+    c_ch = Channel("c")
+    c = consume(q, c_ch, "c")
+    assert c.unacked == 1 and c.poison_suspects == 1  # "good": one holder of two
+    fate.ack(q, good, c, c_ch, clock.monotonic())
+    assert not a.isolated and a.open_suspects == 0
+    assert hooks.named("consumer_released")[-1]["reason"] == "poison"
+    assert q.suspects == {}
+
+
+def test_a_stuck_consumer_whose_messages_others_settle_stays_isolated(vh, hooks, clock):
+    q, dlq = poison_queue(vh)
+    put(vh, q, b"x", b"y")
+    a = consume(q, Channel("a"), "a")
+    fate.isolate(a, clock.monotonic())
+    b_ch = Channel("b")
+    b = consume(q, b_ch, "b")
+    for tag in list(b_ch.unacked):
+        msg, queue, cons = b_ch.unacked.pop(tag)
+        fate.ack(queue, msg, cons, b_ch, clock.monotonic())
+    assert q.suspects == {} and a.open_suspects == 0 and b.unacked == 0
+    assert a.isolated and hooks.named("consumer_released") == []
+    assert not dlq.ready
+
+
+def test_no_records_without_poison_deliveries(vh, hooks, clock):
+    q, _ = vh.declare_queue("q")  # no <isolation>: poison_deliveries is None
+    [m] = put(vh, q, b"m")
+    for i in range(4):
+        ch = Channel(f"conn-{i}")
+        consume(q, ch, f"c{i}")
+        ch.close()
+    assert q.suspects == {} and m.id in q.held and m.delivery_count == 4

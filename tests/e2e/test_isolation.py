@@ -279,3 +279,125 @@ def test_unacked_cap_holds_with_unlimited_prefetch(broker_factory, workers):
     assert len(w.got) == 10  # 6 unacked: above half, still held back
     w.got[4].ack()
     assert run_until(workers, lambda: len(w.got) == 15, timeout=1.0)  # 5 left: refilled to 10
+
+
+# ------------------------------------------------------------------------------ poison message
+
+#: three consumers, each message for at most one of them at a time; two may be isolated at
+#: once (floor(0.7 x 3)), so the third holder of a poison message is its third distinct
+#: consumer; the limits are the broker's (the clients pass none)
+POISON_CONFIG = (
+    '<queue name="work" subscription="shared">'
+    "<isolation><ackTimeout>300ms</ackTimeout><checkPeriod>100ms</checkPeriod>"
+    "<maxIsolatedRatio>0.7</maxIsolatedRatio><poisonDeliveries>3</poisonDeliveries></isolation>"
+    "<deadLetter><queue>work-dead</queue></deadLetter>"
+    "</queue>"
+)
+
+
+class PoisonedWorker(Worker):
+    """Acks everything except the poison message, on which its handler "hangs": it never
+    settles it (it goes on draining, as a consumer whose worker thread is stuck would keep
+    its connection)."""
+
+    def _on(self, body: object, message: kombu.Message) -> None:
+        self.got.append(message)
+        if body != "poison":
+            message.ack()
+
+
+class ConfirmedPublisher:
+    """A bystander on its own py-amqp connection, publishing with confirms throughout."""
+
+    def __init__(self, url: str, queue: str = "bystander") -> None:
+        import amqp
+
+        self.conn = amqp.Connection(host=url.split("@")[1].split("/")[0])
+        self.conn.connect()
+        self.ch = self.conn.channel()
+        self.ch.queue_declare(queue, durable=False, auto_delete=False)
+        self.ch.confirm_select()
+        self.queue = queue
+        self.sent = 0
+        self._message = amqp.Message
+
+    def publish(self) -> None:
+        self.ch.basic_publish_confirm(self._message(b"b"), routing_key=self.queue)
+        self.sent += 1
+
+    def close(self) -> int:
+        n = self.ch.queue_declare(self.queue, passive=True).message_count
+        self.conn.close()
+        return n
+
+
+def test_a_poison_message_is_dead_lettered_after_three_consumers_and_they_are_released(
+    broker_factory, workers, tmp_path
+):
+    b = broker_factory(POISON_CONFIG, journal=True)
+    bystander = ConfirmedPublisher(b.url())
+    a, c, d = (PoisonedWorker(b.url(), name, prefetch=1) for name in ("a", "c", "d"))
+    workers += [a, c, d]
+    publish(b.url(), ["poison"])
+    publish(b.url(), range(10))
+
+    def poison_holders() -> list[str]:
+        return [w.name for w in workers if any(m.payload == "poison" for m in w.got)]
+
+    def dead_count() -> int:
+        return b.call(
+            lambda: (
+                len(b.broker.vhosts["/"].queues["work-dead"].held)
+                if "work-dead" in b.broker.vhosts["/"].queues
+                else 0
+            )
+        )
+
+    deadline = time.monotonic() + 6.0
+    while time.monotonic() < deadline and not dead_count():
+        run_until(workers, lambda: False, timeout=0.1)
+        bystander.publish()  # the bystander's confirms come back all along
+    assert dead_count() == 1
+    # each of the three consumers held it once, two were isolated for it, the third was not:
+    # the message went to the dead-letter queue instead, and the two were released
+    assert sorted(poison_holders()) == ["a", "c", "d"]
+    assert all(sum(m.payload == "poison" for m in w.got) == 1 for w in workers)
+    assert isolated(b) == []
+    # the consumers go on consuming other messages (the late ack of the poison message is
+    # accepted without a channel error)
+    for w in workers:
+        [m] = [m for m in w.got if m.payload == "poison"]
+        m.ack()
+    before = {w.name: len(w.got) for w in workers}
+    publish(b.url(), range(10, 40))
+    assert run_until(
+        workers,
+        lambda: (
+            sorted(m.payload for w in workers for m in w.got if m.payload != "poison")
+            == list(range(40))
+        ),
+        timeout=4.0,
+    )
+    assert all(len(w.got) > before[w.name] for w in workers)
+    assert all(w.conn.default_channel.is_open for w in workers)
+    bystander.publish()
+    assert bystander.close() == bystander.sent
+    # the dead letter says why
+    with kombu.Connection(b.url()) as conn:
+        dead = conn.SimpleQueue("work-dead").get(timeout=2)
+        death = dead.headers["x-death"][0]
+        assert (death["reason"], death["queue"]) == ("poison", "work")
+        assert dead.headers["REAL_TOPIC"] == "work" and dead.payload == "poison"
+        dead.ack()
+    b.stop()
+    # the journal has the dead letter with reason poison, the policy action and the releases
+    from plugins.journal import read_journal
+
+    evs = [e for e in read_journal(tmp_path / "journal").to_pylist() if e["queue"] == "work"]
+    [dl] = [e for e in evs if e["event"] == "dead_lettered"]
+    assert dl["reason"] == "poison"
+    actions = [e for e in evs if e["event"] == "policy_action"]
+    assert [e["action"] for e in actions].count("DeadLetterPoison") == 1
+    assert [e["action"] for e in actions].count("IsolateConsumer") == 2
+    released = [e for e in evs if e["event"] == "consumer_released"]
+    assert sorted(e["reason"] for e in released) == ["poison", "poison"]

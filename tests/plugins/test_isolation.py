@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from broker.policy import ConsumerView, IsolateConsumer, QueueView, Snapshot, Spared
+from broker.policy import (
+    ConsumerView,
+    DeadLetterPoison,
+    IsolateConsumer,
+    QueueView,
+    Snapshot,
+    Spared,
+)
 from broker.registry import Registry
 from plugins.isolation import evaluate
 from plugins.isolation_config import IsolationConfig
@@ -20,9 +27,13 @@ def consumer(
     last_ack: float | None = None,
     first: float | None = 0.0,
     isolated: bool = False,
+    poison: int = 0,
 ) -> ConsumerView:
-    """A consumer view; ``clock`` is its ack clock (``busy_since``)."""
-    return ConsumerView(tag, "conn-" + tag, 1, unacked, last_ack, first, isolated, 10, False, clock)
+    """A consumer view; ``clock`` is its ack clock (``busy_since``), ``poison`` its
+    ``poison_suspects``."""
+    return ConsumerView(
+        tag, "conn-" + tag, 1, unacked, last_ack, first, isolated, 10, False, clock, poison
+    )
 
 
 def queue(
@@ -134,3 +145,32 @@ def test_only_shared_queues_are_checked():
 def test_queues_without_isolation_are_ignored():
     q = queue(consumer("a", clock=0.0), consumer("b", clock=0.0), cfg=None)
     assert evaluate(Snapshot(1000.0, (q,)), {}, POLICIES) == []
+
+
+def test_an_overdue_consumer_holding_a_suspect_message_is_not_isolated_the_message_is_poison():
+    q = queue(
+        consumer("first", unacked=0, clock=None, isolated=True),
+        consumer("second", unacked=0, clock=None, isolated=True),
+        consumer("third", clock=0.0, poison=1),
+        consumer("ok", clock=250.0),
+    )
+    # not yet over its ack timeout: nothing
+    assert evaluate(Snapshot(299.0, (q,)), {}, POLICIES) == []
+    [a] = evaluate(Snapshot(301.0, (q,)), {}, POLICIES)
+    assert isinstance(a, DeadLetterPoison) and a.consumer_tag == "third"
+    assert a.connection_id == "conn-third" and a.policy == "Isolation"
+    assert (a.threshold, a.configured, a.measured) == ("poisonDeliveries", 3, 301.0)
+    assert "poison" in a.reason
+
+
+def test_poison_is_outside_the_cap_and_other_overdue_consumers_are_still_isolated():
+    # 0.6 x 3 = 1 may be isolated, and one is: an ordinary overdue consumer is spared, but the
+    # poison holder still gets its message dead-lettered (nobody is isolated for it)
+    q = queue(
+        consumer("isolated", unacked=0, clock=None, isolated=True),
+        consumer("holder", clock=0.0, poison=1),
+        consumer("stuck", clock=0.0),
+    )
+    actions = evaluate(Snapshot(301.0, (q,)), {}, POLICIES)
+    assert [type(a) for a in actions] == [DeadLetterPoison, Spared]
+    assert actions[0].consumer_tag == "holder" and isolated_tags(actions) == []

@@ -19,6 +19,7 @@ def test_shared_isolation_example() -> None:
         ack_timeout=300.0, max_isolated_ratio=0.6, check_period=30.0, max_unacked_per_consumer=1000
     )
     assert iso.max_isolated(5) == 3 and iso.max_isolated(1) == 0
+    assert iso.poison_deliveries == 3  # the default
     assert vh.resolve("other")["isolation"].ack_timeout == 900.0
 
 
@@ -49,6 +50,16 @@ def test_ratio_out_of_range() -> None:
             "<isolation><ackTimeout>1s</ackTimeout><maxUnackedPerConsumer>0</maxUnackedPerConsumer></isolation>",
             "maxUnackedPerConsumer",
             "whole number of 1 or more",
+        ),
+        (
+            "<isolation><ackTimeout>1s</ackTimeout><poisonDeliveries>1</poisonDeliveries></isolation>",
+            "poisonDeliveries",
+            "must be 0 (off) or at least 2",
+        ),
+        (
+            "<isolation><ackTimeout>1s</ackTimeout><poisonDeliveries>-1</poisonDeliveries></isolation>",
+            "poisonDeliveries",
+            "",
         ),
     ],
 )
@@ -109,3 +120,16 @@ def test_isolation_is_refused_on_a_queue_that_is_not_shared(subscription: str) -
         "config/bad.xml:4: <isolation>: isolation applies to shared queues only, and queue "
         f"'q' has subscription {subscription}"
     )
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", 0), ("2", 2), ("5", 5)])
+def test_poison_deliveries(value: str, expected: int) -> None:
+    vh = parse_config(
+        wrap(
+            '<queue name="q"><isolation><ackTimeout>5m</ackTimeout>'
+            f"<poisonDeliveries>{value}</poisonDeliveries></isolation></queue>"
+        )
+    ).vhosts["/"]
+    iso = vh.queues["q"].sections["isolation"]
+    assert iso.poison_deliveries == expected
+    assert ("poisonDeliveries " + (value if expected else "off")) in iso.describe()
