@@ -401,3 +401,31 @@ def test_a_poison_message_is_dead_lettered_after_three_consumers_and_they_are_re
     assert [e["action"] for e in actions].count("IsolateConsumer") == 2
     released = [e for e in evs if e["event"] == "consumer_released"]
     assert sorted(e["reason"] for e in released) == ["poison", "poison"]
+
+
+def test_a_message_that_crashes_three_consumers_is_dead_lettered_as_poison(broker_factory):
+    # the ack timeout is long: the disconnects alone make it poison, no check is involved
+    b = broker_factory(POISON_CONFIG.replace("300ms", "60s"))
+    bystander = ConfirmedPublisher(b.url())
+    for i in range(3):
+        w = PoisonedWorker(b.url(), f"crash-{i}", prefetch=1)
+        if i == 0:
+            publish(b.url(), ["poison"])  # the queue exists once a consumer declared it
+        assert run_until([w], lambda w=w: len(w.got) == 1)
+        assert w.got[0].payload == "poison"
+        assert w.got[0].delivery_info["redelivered"] == (i > 0)
+        w.close()  # it goes away without settling it
+        bystander.publish()
+    with kombu.Connection(b.url()) as conn:
+        dead = conn.SimpleQueue("work-dead").get(timeout=2)
+        assert dead.headers["x-death"][0]["reason"] == "poison" and dead.payload == "poison"
+        dead.ack()
+    assert b.call(lambda: b.broker.vhosts["/"].queues["work"].message_count) == 0
+    # the next consumer is not touched by it
+    w = PoisonedWorker(b.url(), "next", prefetch=1)
+    publish(b.url(), range(3))
+    try:
+        assert run_until([w], lambda: [m.payload for m in w.got] == [0, 1, 2])
+    finally:
+        w.close()
+    assert bystander.close() == bystander.sent == 3
