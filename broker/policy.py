@@ -163,7 +163,8 @@ class IsolateConsumer(Action):
 class DeadLetterPoison(Action):
     """Dead-letter (reason ``poison``) the messages a consumer holds that other consumers held
     without settling (its ``poison_suspects``), instead of isolating it; the consumers isolated
-    because of those messages alone are released."""
+    because of those messages alone are released. ``threshold``/``configured``/``measured`` are
+    the ack timeout and the consumer's time on its ack clock, as for :class:`IsolateConsumer`."""
 
     consumer_tag: str = ""
     connection_id: str = ""

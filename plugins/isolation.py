@@ -96,8 +96,8 @@ def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:
                         f"that {cfg.poison_deliveries - 1} other consumer(s) held without "
                         "settling: poison"
                     ),
-                    threshold="poisonDeliveries",
-                    configured=cfg.poison_deliveries,
+                    threshold="ackTimeout",
+                    configured=timeout,
                     measured=round(now - since, 3),
                     consumer_tag=c.tag,
                     connection_id=c.connection_id,

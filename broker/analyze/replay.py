@@ -44,6 +44,7 @@ from broker.policy import (
     DEFERRED,
     Action,
     ConsumerView,
+    DeadLetterPoison,
     DeleteQueue,
     IsolateConsumer,
     LogOnly,
@@ -56,6 +57,7 @@ from broker.policy import (
     Spared,
 )
 from broker.registry import resolve_period
+from broker.subscription import SHARED
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
@@ -152,7 +154,7 @@ class ConsumerState:
         self.prefetch = prefetch
         self.no_ack = no_ack
 
-    def view(self) -> ConsumerView:
+    def view(self, poison_suspects: int = 0) -> ConsumerView:
         return ConsumerView(
             self.tag,
             self.conn,
@@ -164,6 +166,7 @@ class ConsumerState:
             self.prefetch,
             self.no_ack,
             self.busy_since if self.unacked > 0 else None,
+            poison_suspects,
         )
 
 
@@ -186,6 +189,7 @@ class QueueState:
         "ready",
         "subscription_type",
         "suppressed",
+        "suspects",
         "vhost",
     )
 
@@ -216,12 +220,37 @@ class QueueState:
         self.getters: dict[tuple[str, int], None] = {}
         self.policy: Any = None  # resolved lazily, dropped when bindings change
         self.suppressed = False  # deleted by the candidate's policy (simulated)
+        #: poison records, rebuilt as the core keeps them (SPEC 6): message id -> the holder
+        #: keys of the consumers that lost it unsettled (isolated, channel closed), kept only
+        #: for such messages and dropped when the message is settled or leaves
+        self.suspects: dict[int, set[tuple[str, str]]] = {}
+
+    def poison_suspects(self, policy: Any) -> dict[tuple[str, str], int]:
+        """Each consumer's ``poison_suspects`` under the candidate's ``<poisonDeliveries>``:
+        the unacked messages it holds that that many minus one other consumers lost unsettled.
+        O(records), and records exist only for messages that came back so."""
+        if not self.suspects:
+            return {}
+        iso = policy.get("isolation") if hasattr(policy, "get") else None
+        k = getattr(iso, "poison_deliveries", 0)
+        if not k:
+            return {}
+        out: dict[tuple[str, str], int] = {}
+        held = self.held
+        for mid, holders in self.suspects.items():
+            m = held.get(mid)
+            if m is None or m[2] != UNACKED or m[3] is None:
+                continue
+            if len(holders) - (m[3] in holders) >= k - 1:
+                out[m[3]] = out.get(m[3], 0) + 1
+        return out
 
     def view(self, now: float, policy: Any) -> QueueView:
         held = self.held
         n = len(held)
         oldest = next(iter(held.values()))[0] if n else None
         sub = getattr(policy, "subscription", None) or self.subscription_type
+        poison = self.poison_suspects(policy) if sub == SHARED else {}
         return QueueView(
             self.vhost,
             self.name,
@@ -235,7 +264,7 @@ class QueueState:
             max(n - self.ready - self.pending, 0),
             oldest,
             self.acks_total,
-            tuple(c.view() for c in self.consumers.values()),
+            tuple(c.view(poison.get(key, 0)) for key, c in self.consumers.items()),
             tuple((ex, etype, key) for (ex, key), etype in self.bindings.items()),
             policy,
             tuple(self.getters),
@@ -558,6 +587,20 @@ class Replayer:
             c = _find(q, a.consumer_tag, a.connection_id)
             if c is not None:
                 c.prefetch = a.prefetch
+        elif isinstance(a, DeadLetterPoison):
+            # the messages it holds that others lost unsettled leave the queue (dead-lettered),
+            # and the consumers the candidate isolated for them are released; later journal
+            # events about those messages find nothing
+            key = (a.connection_id, a.consumer_tag)
+            held = q.held
+            mine = [mid for mid in q.suspects if mid in held and held[mid][3] == key]
+            for mid in mine:
+                holders = q.suspects.pop(mid)
+                _take(q, mid)
+                for holder in holders:
+                    c = q.consumers.get(holder)
+                    if c is not None:
+                        c.isolated = False
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -609,6 +652,8 @@ def _take(q: QueueState, mid: int) -> list[Any] | None:
     m = q.held.pop(mid, None)
     if m is None:
         return None
+    if q.suspects:
+        q.suspects.pop(mid, None)
     q.bytes -= m[1]
     if m[2] == READY:
         q.ready -= 1
@@ -678,6 +723,8 @@ def _on_rejected(r: Replayer, ev: Sequence[Any], now: float) -> None:
     q = r.queue(ev)
     m = q.held.get(ev[MID])
     if m is not None:
+        if q.suspects:
+            q.suspects.pop(ev[MID], None)  # a consumer settled it: not poison
         if m[2] == UNACKED:
             holder = q.consumers.get(m[3]) if m[3] is not None else None
             if holder is not None:
@@ -691,12 +738,18 @@ def _on_rejected(r: Replayer, ev: Sequence[Any], now: float) -> None:
     _settled_by(r, q, ev, now)
 
 
+#: the ``redelivered`` reasons of a message its consumer lost without settling it
+_UNSETTLED = frozenset({"consumer-isolated", "channel-closed"})
+
+
 def _on_redelivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
     q = r.queue(ev)
     m = q.held.get(ev[MID])
     if m is None or m[2] == READY:
         return
     if m[2] == UNACKED:
+        if m[3] is not None and ev[REASON] in _UNSETTLED:
+            q.suspects.setdefault(ev[MID], set()).add(m[3])
         holder = q.consumers.get(m[3]) if m[3] is not None else None
         if holder is not None:
             holder.unacked -= 1

@@ -116,8 +116,14 @@ def _isolate(api: BrokerAPI, a: Action, what: str) -> str:
 def _poison(api: BrokerAPI, a: Action, what: str) -> str:
     assert isinstance(a, DeadLetterPoison)
     c = api.consumer(a.vhost, a.queue, a.consumer_tag, a.connection_id)
-    if c is None or c.poison_suspects <= 0:
-        return "stale"  # it settled them, or lost them, since the snapshot
+    since = c.busy_since if c is not None else None  # the same clock as the policy's
+    if (
+        c is None
+        or c.poison_suspects <= 0
+        or since is None
+        or (a.configured is not None and api.clock.monotonic() - since <= a.configured)
+    ):
+        return "stale"  # it settled something, or lost them, since the snapshot
     dead = api.dead_letter_poison(a.vhost, a.queue, c.tag, c.connection_id)
     if not dead:
         return "stale"

@@ -462,3 +462,83 @@ def test_the_replay_rebuilds_the_live_broker_snapshot(broker_factory, tmp_path):
                     assert rv == pytest.approx(lv + shift, abs=0.05)
         assert not live_c
     assert checked == 2
+
+
+def test_the_replay_rebuilds_poison_records_and_proposes_the_dead_letter():
+    r = replayer(
+        '<queue name="work"><isolation><ackTimeout>5s</ackTimeout><checkPeriod>1s</checkPeriod>'
+        "<maxIsolatedRatio>1</maxIsolatedRatio><poisonDeliveries>2</poisonDeliveries>"
+        "</isolation></queue>"
+    )
+    r.feed(ev("queue_declared", 0, "work", durable=False, detail="shared"))
+    for tag in ("a", "b", "c"):
+        r.feed(
+            ev(
+                "consumer_added",
+                0,
+                "work",
+                consumer_tag=tag,
+                connection_id=f"{tag}#1",
+                channel_id=1,
+                count=1,
+            )
+        )
+
+    def delivered(t: float, tag: str, mid: int) -> tuple[Any, ...]:
+        return ev(
+            "delivered",
+            t,
+            "work",
+            consumer_tag=tag,
+            connection_id=f"{tag}#1",
+            channel_id=1,
+            message_id=mid,
+        )
+
+    r.feed(publish(1, 1, "work"))
+    r.feed(delivered(1.01, "a", 1))
+    # the live broker isolated a (its own check): the message came back unsettled, went to b
+    r.feed(ev("redelivered", 7.5, "work", message_id=1, reason="consumer-isolated"))
+    r.feed(delivered(7.51, "b", 1))
+    actions = r.finish(T0 + 16)
+    by_tag = {(a["action"], a["consumer_tag"]) for a in actions}
+    # a is isolated at the check at t=7 (5.99 s on its clock); b, the second holder of message
+    # 1, is over its ack timeout at t=13: the candidate dead-letters the message instead
+    assert ("IsolateConsumer", "a") in by_tag
+    assert ("DeadLetterPoison", "b") in by_tag and ("IsolateConsumer", "b") not in by_tag
+    # proposed once: in the replay the message leaves and a is released
+    [p] = [a for a in actions if a["action"] == "DeadLetterPoison"]
+    assert p["at"] == T0 + 13 and p["threshold"] == "ackTimeout"
+    assert [a["action"] for a in actions if a["consumer_tag"] == "a"] == ["IsolateConsumer"]
+
+
+def test_a_settled_message_leaves_no_poison_record_in_the_replay():
+    r = replayer(
+        '<queue name="work"><isolation><ackTimeout>5s</ackTimeout><checkPeriod>1s</checkPeriod>'
+        "<maxIsolatedRatio>1</maxIsolatedRatio><poisonDeliveries>2</poisonDeliveries>"
+        "</isolation></queue>"
+    )
+    r.feed(ev("queue_declared", 0, "work", durable=False, detail="shared"))
+    for tag in ("a", "b"):
+        r.feed(
+            ev(
+                "consumer_added",
+                0,
+                "work",
+                consumer_tag=tag,
+                connection_id=f"{tag}#1",
+                channel_id=1,
+                count=1,
+            )
+        )
+    kw = dict(channel_id=1, message_id=1)
+    r.feed(publish(1, 1, "work"))
+    r.feed(ev("delivered", 1.01, "work", consumer_tag="a", connection_id="a#1", **kw))
+    r.feed(ev("redelivered", 2.0, "work", message_id=1, reason="channel-closed"))
+    r.feed(ev("delivered", 2.01, "work", consumer_tag="b", connection_id="b#1", **kw))
+    r.feed(ev("rejected", 3.0, "work", consumer_tag="b", connection_id="b#1", requeue=True, **kw))
+    r.feed(ev("redelivered", 3.0, "work", message_id=1, reason="rejected"))
+    r.feed(ev("delivered", 3.01, "work", consumer_tag="b", connection_id="b#1", **kw))
+    actions = r.finish(T0 + 10)
+    # b rejected it once (a consumer got through it): b, stuck afterwards, is isolated
+    assert [(a["action"], a["consumer_tag"]) for a in actions] == [("IsolateConsumer", "b")]

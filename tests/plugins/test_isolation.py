@@ -159,8 +159,8 @@ def test_an_overdue_consumer_holding_a_suspect_message_is_not_isolated_the_messa
     [a] = evaluate(Snapshot(301.0, (q,)), {}, POLICIES)
     assert isinstance(a, DeadLetterPoison) and a.consumer_tag == "third"
     assert a.connection_id == "conn-third" and a.policy == "Isolation"
-    assert (a.threshold, a.configured, a.measured) == ("poisonDeliveries", 3, 301.0)
-    assert "poison" in a.reason
+    assert (a.threshold, a.configured, a.measured) == ("ackTimeout", 300.0, 301.0)
+    assert "poison" in a.reason and "2 other consumer(s)" in a.reason
 
 
 def test_poison_is_outside_the_cap_and_other_overdue_consumers_are_still_isolated():
