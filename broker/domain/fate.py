@@ -1064,19 +1064,26 @@ def requeue_unsettled(
     """Messages that consumers held without settling come back to ``q``: their channel closed
     (or the connection went), or the consumer was isolated.
 
-    On a queue that keeps poison records (``<isolation><poisonDeliveries>``), each holder is
-    added to its message's record; a message whose record reaches ``poisonDeliveries``
-    distinct consumers is dead-lettered with reason ``poison`` instead of coming back. The
-    others go through :func:`requeue`. Returns the messages requeued.
+    On a queue that keeps poison records (``<isolation><poisonDeliveries>``), each consumer's
+    oldest unsettled message (``entries`` are in delivery order), the one it was working on,
+    is added to that message's record with the consumer as a holder; the messages behind it
+    in its prefetch were never started and count for nothing, so restarting workers that had
+    prefetched a backlog does not make healthy messages look poisonous. A message whose record
+    reaches ``poisonDeliveries`` distinct consumers is dead-lettered with reason ``poison``
+    instead of coming back. The others go through :func:`requeue`. Returns the messages
+    requeued.
     """
     msgs = [m for m, _ in entries]
     if q.poison_deliveries is not None and not q.deleted:
         msgs = []
+        working: set[int] = set()  # consumers whose oldest message was seen already
         for m, c in entries:
-            if c is not None and _held_without_settling(q, m, c):
-                _dead_letter_poison(q, m)
-            else:
-                msgs.append(m)
+            if c is not None and id(c) not in working:
+                working.add(id(c))
+                if _held_without_settling(q, m, c):
+                    _dead_letter_poison(q, m)
+                    continue
+            msgs.append(m)
     return requeue(q, msgs, reason)
 
 

@@ -96,8 +96,11 @@ class Channel:
             if not c.unacked:
                 c.busy_since = None
             q.remove_consumer(c)
-        for msg, q, c in entries:
-            fate.requeue_unsettled(q, [(msg, c)], "channel-closed")
+        by_queue: dict[int, tuple[Queue, list[tuple[Message, Consumer]]]] = {}
+        for msg, q, c in entries:  # delivery order, one call per queue, as the session does
+            by_queue.setdefault(id(q), (q, []))[1].append((msg, c))
+        for q, held in by_queue.values():
+            fate.requeue_unsettled(q, held, "channel-closed")
         for _, _, c in entries:
             fate.release(c, "disconnected")
 
@@ -726,29 +729,42 @@ def test_a_consumer_that_settles_it_clears_the_record(vh, hooks, clock):
     assert m.id in q.held and not dlq.ready
 
 
-def test_an_isolated_consumer_is_released_only_when_all_else_it_lost_was_settled(vh, hooks, clock):
+def test_an_isolated_consumer_is_released_when_the_message_it_was_working_on_is_poison(
+    vh, hooks, clock
+):
     q, dlq = poison_queue(vh, k=2)
     _, good = put(vh, q, b"bad", b"good")
     a = consume(q, Channel("a"), "a")
     assert a.unacked == 2
     fate.isolate(a, clock.monotonic())
-    assert a.open_suspects == 2
+    # only the message it was working on (its oldest) counts; "good" sat in its prefetch
+    assert a.open_suspects == 1 and good.id not in q.suspects
     b_ch = Channel("b")
     b = consume(q, b_ch, "b", prefetch=1)  # takes "bad" only
     assert b.poison_suspects == 1
     clock.advance(10)
     assert fate.poison(b, clock.monotonic()) == 1
     assert death_reasons(dlq) == ["poison"]
-    # a lost "good" too, and nobody has settled it yet: a is not released
-    assert a.isolated and a.open_suspects == 1
-    q.remove_consumer(b)
-    c_ch = Channel("c")
-    c = consume(q, c_ch, "c")
-    assert c.unacked == 1 and c.poison_suspects == 1  # "good": one holder of two
-    fate.ack(q, good, c, c_ch, clock.monotonic())
     assert not a.isolated and a.open_suspects == 0
     assert hooks.named("consumer_released")[-1]["reason"] == "poison"
-    assert q.suspects == {}
+    assert q.suspects == {} and good.id in q.held
+
+
+def test_restarting_workers_that_prefetched_a_backlog_makes_no_message_poison(vh, hooks, clock):
+    q, dlq = poison_queue(vh, k=3)
+    put(vh, q, *[f"m{i}".encode() for i in range(20)])
+    for name in ("a", "b", "c", "d"):
+        # a rolling restart: each worker prefetches 10, finishes the one it was working on
+        # (a warm shutdown), then goes; the 9 behind it were never started
+        ch = Channel(name)
+        c = consume(q, ch, name, prefetch=10)
+        tag = next(iter(ch.unacked))
+        msg, _, _ = ch.unacked.pop(tag)
+        fate.ack(q, msg, c, ch, clock.monotonic())
+        ch.close()
+    assert q.message_count == 16 and dlq is not None and dlq.message_count == 0
+    # at most the message after the one each worker finished is suspected, by that one worker
+    assert all(len(rec.holders) == 1 for rec in q.suspects.values())
 
 
 def test_a_stuck_consumer_whose_messages_others_settle_stays_isolated(vh, hooks, clock):
