@@ -98,7 +98,13 @@ class OwnBroker:
     """plugbroker in a subprocess on a free loopback port."""
 
     def __init__(
-        self, plugins: list[str] | None = None, user: str = "guest", *, tls: bool = False
+        self,
+        plugins: list[str] | None = None,
+        user: str = "guest",
+        *,
+        tls: bool = False,
+        loop: str | None = None,
+        root: Path = ROOT,
     ) -> None:
         self.user = user
         self.tmp = Path(tempfile.mkdtemp(prefix="plugbroker-bench-"))
@@ -128,6 +134,9 @@ class OwnBroker:
         )
         self.port = free_port()
         self.log = open(self.tmp / "broker.log", "w+")
+        env = dict(os.environ, PYTHONPATH=str(root))
+        if loop is not None:
+            env["PLUGBROKER_LOOP"] = loop  # read by `plugbroker run` (an older tree ignores it)
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -139,7 +148,8 @@ class OwnBroker:
                 "--port",
                 str(self.port),
             ],
-            cwd=ROOT,
+            cwd=root,
+            env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
@@ -420,6 +430,16 @@ RUNNERS = {
 # ------------------------------------------------------------------ main
 
 
+def warm_up(url: str) -> None:
+    """First connection, queue and publish: not part of any phase."""
+    warm = connect(url)
+    wch = warm.channel()
+    fresh_queue(wch, "bench-warmup")
+    publish_many(wch, "bench-warmup", b"w", 200, time.monotonic() + 30)
+    wch.queue_delete("bench-warmup")
+    warm.close()
+
+
 def print_table(title: str, results: list[Result]) -> None:
     print(f"\n{title}")
     print("| mode | body | messages | msg/s | broker CPU µs/msg | p50 ms | p99 ms | note |")
@@ -457,13 +477,24 @@ def main(argv: list[str] | None = None) -> int:
         help="connect as a user with RabbitMQ-style patterns (configure/read ^bench-, write "
         "^amq\\.default$) instead of guest's full access: what the permission checks cost",
     )
+    ap.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        help="event loop of the plugbroker it starts (PLUGBROKER_LOOP; default: auto, "
+        "uvloop when installed)",
+    )
     args = ap.parse_args(argv)
 
     own = None
     if args.url:
         url, pid = args.url, args.broker_pid
     else:
-        own = OwnBroker(args.plugin, "bencher" if args.permissioned else "guest", tls=args.tls)
+        own = OwnBroker(
+            args.plugin,
+            "bencher" if args.permissioned else "guest",
+            tls=args.tls,
+            loop=args.loop,
+        )
         url, pid = own.url, own.pid
     targets = [("", url)]
     if args.tls:
@@ -474,12 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     try:
         for _, target in targets:
-            warm = connect(target)  # first connection, queue, publish: not part of any phase
-            wch = warm.channel()
-            fresh_queue(wch, "bench-warmup")
-            publish_many(wch, "bench-warmup", b"w", 200, time.monotonic() + 30)
-            wch.queue_delete("bench-warmup")
-            warm.close()
+            warm_up(target)
         for size in args.size:
             for mode in modes:
                 for suffix, target in targets:
@@ -496,10 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if own is not None:
             own.stop()
+    who = f"plugbroker (own subprocess, loop {args.loop or 'auto'})" if own else url
     title = args.title or (
-        f"{'plugbroker (own subprocess)' if own else url}, "
-        f"{os.cpu_count()} CPUs, py-amqp {amqp.__version__}, "
-        f"{args.count} messages per phase"
+        f"{who}, {os.cpu_count()} CPUs, py-amqp {amqp.__version__}, {args.count} messages per phase"
     )
     print_table(title, results)
     return 0
