@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections import deque
 from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
@@ -176,6 +177,8 @@ class Channel:
         "_hooks",
         "closing",
         "confirm",
+        "confirm_due",
+        "confirm_waiting",
         "conn",
         "connection_id",
         "consumers",
@@ -207,6 +210,10 @@ class Channel:
         self.flow = True
         self.confirm = False
         self.publish_seq = 0
+        #: publisher confirms due this turn, written at flush: seq for an ack, -seq for a nack
+        self.confirm_due: list[int] = []
+        #: seqs of publishes whose confirm waits for the store's batch to reach the disk
+        self.confirm_waiting: deque[int] = deque()
         self.tx = False
         self.tx_ops: list[tuple[str, Any]] = []
         self.closing = False
@@ -415,6 +422,8 @@ class Connection:
         self.channels: dict[int, Channel] = {}
         self.closing_channels: set[int] = set()
         self.out: list[bytes] = []
+        #: channels with publisher confirms due (:meth:`_write_confirms` puts them in ``out``)
+        self.confirming: list[Channel] = []
         self.flush_pending = False
         self.writable = True
         self.reading_paused = False
@@ -513,6 +522,8 @@ class Connection:
     # ================================================================ I/O edges
 
     def send(self, channel: int, name: str, *args: Any) -> None:
+        if self.confirming:  # confirms due before this method go out before it
+            self._write_confirms()
         self.out.append(self.codec.encode_method(channel, name, *args))
         self.want_flush()
 
@@ -523,6 +534,8 @@ class Connection:
 
     def flush(self) -> None:
         self.flush_pending = False
+        if self.confirming:
+            self._write_confirms()
         out = self.out
         if out and self.state is not CLOSED:
             data = out[0] if len(out) == 1 else b"".join(out)
@@ -653,6 +666,8 @@ class Connection:
         self.close_reason = text
         was_open = self.state
         self._advance(Trigger.SEND_CLOSE)
+        if self.confirming:
+            self._write_confirms()
         self.out.append(
             self.codec.encode_method(0, "connection.close", code, text[:255], method[0], method[1])
         )
@@ -1377,11 +1392,9 @@ class Connection:
             vh.hold_delayed(ex, msg, delay)  # type: ignore[arg-type]
             if seq:
                 if msg.stored:  # held on disk by a durable exchange: confirm once written
-                    vh.store.after_durable(
-                        lambda: self._confirm(ch, seq) if not ch.closing else None
-                    )
+                    self._confirm_when_durable(ch, seq)
                 else:
-                    self.send(ch.id, "basic.ack", seq, False)
+                    self._confirm(ch, seq)
             return
         h = self.broker.hooks.message_published
         if h is not None:
@@ -1404,16 +1417,16 @@ class Connection:
                 )
                 self.want_flush()
             if seq:
-                self.send(ch.id, "basic.ack", seq, False)
+                self._confirm(ch, seq)
             return
         taken, refused = vh.deliver_to_queues(queues, msg)
         if seq:
             if refused:
-                self.send(ch.id, "basic.nack", seq, False, False)
+                self._confirm(ch, -seq)
             elif msg.persistent and vh.store.durable and any(q.durable for q in taken):
-                vh.store.after_durable(lambda: self._confirm(ch, seq) if not ch.closing else None)
+                self._confirm_when_durable(ch, seq)
             else:
-                self.send(ch.id, "basic.ack", seq, False)
+                self._confirm(ch, seq)
 
     def _reconsume(self, ch: Channel, ev: Publish, request: Message, seq: int) -> None:
         """A publish to ``amq.retry``: retry the unacked delivery it names (headers
@@ -1481,7 +1494,7 @@ class Connection:
                 self.out.append(
                     self.codec.encode_content(ch.id, ev.body_size, ev.properties, ev.body)
                 )
-            self.send(ch.id, "basic.nack", seq, False, False)
+            self._confirm(ch, -seq)
             return
         hp = self.broker.hooks.message_published
         if hp is not None and outcome == fate.RETRIED:
@@ -1494,13 +1507,73 @@ class Connection:
             )
         if seq:
             if copy.persistent and vh.store.durable:
-                vh.store.after_durable(lambda: self._confirm(ch, seq) if not ch.closing else None)
+                self._confirm_when_durable(ch, seq)
             else:
-                self.send(ch.id, "basic.ack", seq, False)
+                self._confirm(ch, seq)
+
+    # ================================================================ publisher confirms
+    #
+    # A confirm is not written when it becomes due but at the end of the turn (or before the
+    # next other method to this client), so the confirms of one channel that fall due in the
+    # same turn (a pipelining publisher, or one store batch reaching the disk) go out as one
+    # basic.ack with multiple=true for the highest of a run of consecutive sequence numbers,
+    # as RabbitMQ does. multiple=true acknowledges everything up to its tag, so a run stops
+    # at a nack and never passes a publish still waiting for the disk.
 
     def _confirm(self, ch: Channel, seq: int) -> None:
+        """Publish ``seq`` of ``ch`` is settled: an ack (``seq``) or a nack (``-seq``) is due."""
+        due = ch.confirm_due
+        if not due:
+            self.confirming.append(ch)
+            self.want_flush()
+        due.append(seq)
+
+    def _confirm_when_durable(self, ch: Channel, seq: int) -> None:
+        """Confirm ``seq`` once everything the store has been given so far is on disk."""
+        ch.confirm_waiting.append(seq)
+        ch.vhost.store.after_durable(lambda: self._durable_confirm(ch, seq))
+
+    def _durable_confirm(self, ch: Channel, seq: int) -> None:
+        waiting = ch.confirm_waiting
+        if waiting and waiting[0] == seq:
+            waiting.popleft()  # the store runs its callbacks in the order they were given
+        else:
+            try:
+                waiting.remove(seq)
+            except ValueError:
+                pass
         if self.state is OPEN and not ch.closing:
-            self.send(ch.id, "basic.ack", seq, False)
+            self._confirm(ch, seq)
+
+    def _write_confirms(self) -> None:
+        """Put the due confirms of every channel in ``out``, runs of acks coalesced."""
+        channels, self.confirming = self.confirming, []
+        out = self.out
+        encode_ack = self.codec.encode_ack
+        for ch in channels:
+            due, ch.confirm_due = ch.confirm_due, []
+            if len(due) > 1:
+                due.sort(key=abs)
+            waiting = ch.confirm_waiting
+            # a multiple=true ack must not reach the first seq still waiting for the disk
+            limit = waiting[0] if waiting else 1 << 64
+            cid = ch.id
+            first = last = 0  # the run of acks being gathered
+            for seq in due:
+                if last and seq == last + 1 and seq < limit:
+                    last = seq
+                    continue
+                if last:
+                    out.append(encode_ack(cid, last, last != first))
+                    first = last = 0
+                if seq < 0:
+                    out.append(self.codec.encode_method(cid, "basic.nack", -seq, False, False))
+                elif seq < limit:
+                    first = last = seq
+                else:
+                    out.append(encode_ack(cid, seq, False))
+            if last:
+                out.append(encode_ack(cid, last, last != first))
 
     # ================================================================ confirm / tx
 

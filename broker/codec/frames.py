@@ -57,6 +57,8 @@ FRAME_MIN_SIZE: Final = 4096
 _HDR = struct.Struct(">BHI")
 _CONTENT_HDR = struct.Struct(">HHQ")
 _U64 = struct.Struct(">Q")
+#: a whole basic.ack frame: type, channel, size 13, class 60, method 80, tag, bits, frame end
+_ACK_FRAME = struct.Struct(">BHIHHQBB")
 _HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 
@@ -452,6 +454,20 @@ class ServerCodec:
             + args
             + b"\xce"
             + self.encode_content(channel, body_size, properties, body)
+        )
+
+    @staticmethod
+    def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+        """A basic.ack frame (publisher confirms: the hot path of a confirming publisher)."""
+        return _ACK_FRAME.pack(
+            FRAME_METHOD,
+            channel,
+            13,
+            BASIC_CLASS,
+            BASIC_ACK.method_id,
+            delivery_tag,
+            multiple,
+            FRAME_END,
         )
 
     @staticmethod

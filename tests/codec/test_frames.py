@@ -252,6 +252,20 @@ def test_ack_with_other_bits_set_matches_the_table() -> None:
         assert ev == spec.event_of(1, decode_args(spec, payload))
 
 
+def test_encode_ack_agrees_with_the_table_and_py_amqp_reads_it() -> None:
+    """The publisher-confirm fast path: one basic.ack frame, multiple or not."""
+    rng = random.Random(81)
+    tags = [1, 255, 256, 2**32, 2**64 - 1] + [rng.randrange(1, 2**64) for _ in range(30)]
+    for channel in (1, 2, 65535):
+        for tag in tags:
+            for multiple in (False, True):
+                fast = ServerCodec.encode_ack(channel, tag, multiple)
+                assert fast == ServerCodec.encode_method(channel, "basic.ack", tag, multiple)
+                ((ch, sig, buf, _msg),) = py_amqp_read(fast)
+                assert (ch, sig) == (channel, (60, 80))
+                assert decode_args(BY_NAME["basic.ack"], buf) == (tag, multiple)
+
+
 def test_encode_deliver_agrees_with_the_table() -> None:
     rng = random.Random(60)
     for frame_max in (4096, 131072):

@@ -111,8 +111,15 @@ def test_reject_publish_overflow_nacks_publisher(connect):
     ch.queue_declare("rp-q", arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
     acks: list[int] = []
     nacks: list[int] = []
-    ch.events["basic_ack"].add(lambda tag, multiple: acks.append(tag))
-    ch.events["basic_nack"].add(lambda tag, multiple: nacks.append(tag))
+    settled = [0]
+
+    def settle(into: list[int], tag: int, multiple: bool) -> None:
+        # confirms due in one turn come as one ack with multiple=true (ended by a nack)
+        into.extend(range(settled[0] + 1, tag + 1) if multiple else [tag])
+        settled[0] = max(settled[0], tag)
+
+    ch.events["basic_ack"].add(lambda tag, multiple: settle(acks, tag, multiple))
+    ch.events["basic_nack"].add(lambda tag, multiple: settle(nacks, tag, multiple))
     ch.confirm_select()
     for i in range(4):
         publish(ch, f"m{i}", "rp-q")
