@@ -22,11 +22,17 @@ def _setup_logging(level: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from broker.config import ConfigError, default_config_path
     from broker.registry import PluginError
-    from broker.runner import start_broker
+    from broker.runner import LoopError, loop_factory, start_broker
 
     path = Path(args.config) if args.config else default_config_path()
+    try:
+        factory, loop_name = loop_factory(args.loop)
+    except LoopError as exc:
+        print(f"plugbroker: {exc}", file=sys.stderr)
+        return 2
 
     async def main() -> int:
+        log.info("event loop: %s", loop_name)
         try:
             running = await start_broker(path, host=args.host, port=args.port)
         except (ConfigError, PluginError) as exc:
@@ -52,7 +58,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.info("stopped")
         return 0
 
-    return asyncio.run(main())
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main())
 
 
 def cmd_hash_password(args: argparse.Namespace) -> int:
@@ -173,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--config", help="XML configuration (default: the shipped config/default.xml)")
     r.add_argument("--host", help="listen address (overrides <listen host>)")
     r.add_argument("--port", type=int, help="listen port (overrides <listen port>)")
+    r.add_argument(
+        "--loop",
+        choices=["auto", "asyncio", "uvloop"],
+        help="event loop: auto (default; uvloop when installed), asyncio or uvloop; "
+        "also PLUGBROKER_LOOP",
+    )
     r.set_defaults(func=cmd_run)
     c = sub.add_parser("check-config", help="validate a configuration and show what applies where")
     c.add_argument("file")

@@ -5,13 +5,19 @@ thread of their own, on a free loopback port). Plugins are loaded before the ful
 configuration, because a plugin may add its own XML elements: the ``<plugins>`` list is read
 first with a plain XML parse, then the whole file is validated with every plugin's elements
 known.
+
+:func:`loop_factory` picks the event loop ``plugbroker run`` runs on: uvloop's when it is
+installed (the optional extra ``plugbroker[uvloop]``), asyncio's otherwise, or the one named by
+``--loop`` / ``PLUGBROKER_LOOP``. The broker uses only the asyncio API, so both behave alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,41 @@ from broker.server import Server, TLSListener
 from broker.store import Store
 
 log = logging.getLogger("broker")
+
+#: environment variable naming the event loop (``auto``, ``asyncio`` or ``uvloop``)
+LOOP_ENV = "PLUGBROKER_LOOP"
+LOOP_CHOICES = ("auto", "asyncio", "uvloop")
+
+
+class LoopError(ValueError):
+    """The event loop asked for is unknown or not installed."""
+
+
+def loop_factory(
+    choice: str | None = None,
+) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    """``(factory, description)`` of the event loop to run the broker on, for
+    ``asyncio.Runner(loop_factory=...)``; the factory is None for asyncio's own loop (what
+    ``asyncio.run`` uses).
+
+    :param choice: ``auto`` (uvloop when importable, else asyncio), ``asyncio`` or ``uvloop``;
+        None reads :data:`LOOP_ENV` and falls back to ``auto``.
+    :raises LoopError: an unknown name, or ``uvloop`` when it is not installed.
+    """
+    name = (choice or os.environ.get(LOOP_ENV) or "auto").strip().lower()
+    if name not in LOOP_CHOICES:
+        raise LoopError(f"unknown event loop {name!r}; choose one of {', '.join(LOOP_CHOICES)}")
+    if name != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if name == "uvloop":
+                raise LoopError(
+                    "uvloop is not installed (pip install 'plugbroker[uvloop]')"
+                ) from None
+        else:
+            return uvloop.new_event_loop, f"uvloop {uvloop.__version__}"
+    return None, "asyncio"
 
 
 def plugin_list(path: Path | None) -> tuple[list[str], list[str]]:
@@ -286,4 +327,14 @@ def open_store(config: BrokerConfig) -> Store:
     )
 
 
-__all__ = ["ConfigError", "Running", "load_plugins", "plugin_list", "start_broker"]
+__all__ = [
+    "LOOP_CHOICES",
+    "LOOP_ENV",
+    "ConfigError",
+    "LoopError",
+    "Running",
+    "load_plugins",
+    "loop_factory",
+    "plugin_list",
+    "start_broker",
+]

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import signal
 import ssl
-from typing import Any
+from typing import Any, cast
 
 from broker.app import Broker
 from broker.session import Connection
@@ -51,7 +51,8 @@ class AMQPProtocol(asyncio.Protocol):
         self.external = external
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # a stream transport; not an asyncio.Transport subclass on uvloop, so no isinstance
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         # EXTERNAL is offered only to a client that presented a (verified) certificate, as

@@ -8,13 +8,14 @@ trigger a housekeeping check without waiting for the scheduler).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.runner import Running, start_broker
+from broker.runner import Running, loop_factory, start_broker
 
 #: the users of every test broker unless a test gives its own ``users=``
 GUEST = '<user name="guest" password="guest" vhosts="/ other"/>'
@@ -98,7 +99,9 @@ class BrokerThread:
     def __init__(self, config_path: Path | None = None, **kw: Any) -> None:
         self.config_path = config_path
         self.kw = kw
-        self.loop = asyncio.new_event_loop()
+        # PLUGBROKER_LOOP=uvloop runs the end-to-end tests on uvloop
+        factory, _ = loop_factory(os.environ.get("PLUGBROKER_LOOP") or "asyncio")
+        self.loop = (factory or asyncio.new_event_loop)()
         self.running: Running | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None

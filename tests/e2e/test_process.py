@@ -23,9 +23,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(config: Path, port: int, cwd: Path) -> subprocess.Popen:
+def start(config: Path, port: int, cwd: Path, *extra: str) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "run", "--config", str(config), "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "run",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            *extra,
+        ],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -60,6 +70,45 @@ def test_default_config_sigterm_closes_clients_with_320_and_exits_cleanly(tmp_pa
         assert proc.wait(timeout=15) == 0
         out = proc.stdout.read()  # type: ignore[union-attr]
         assert "shutting down" in out and "stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_run_on_the_loop_asked_for_logs_it_and_serves(tmp_path, loop):
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    port = free_port()
+    proc = start(ROOT / "config" / "default.xml", port, tmp_path, "--loop", loop)
+    try:
+        conn = amqp.Connection(host=f"127.0.0.1:{port}", userid="guest", password="guest")
+        conn.connect()
+        ch = conn.channel()
+        ch.queue_declare("loop-q", auto_delete=False)
+        acks: list[tuple[int, bool]] = []
+        ch.events["basic_ack"].add(lambda tag, multiple: acks.append((tag, multiple)))
+        ch.confirm_select()
+        for i in range(200):
+            ch.basic_publish(amqp.Message(f"m{i}"), "", "loop-q")
+        deadline = time.monotonic() + 10
+        while (not acks or acks[-1][0] < 200) and time.monotonic() < deadline:
+            conn.drain_events(timeout=1)
+        assert acks[-1][0] == 200
+        got = []
+        ch.basic_qos(0, 50, False)
+        ch.basic_consume(
+            "loop-q", callback=lambda m: (got.append(m.body), m.channel.basic_ack(m.delivery_tag))
+        )
+        while len(got) < 200 and time.monotonic() < deadline:
+            conn.drain_events(timeout=1)
+        assert got == [f"m{i}" for i in range(200)]
+        conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        out = proc.stdout.read()  # type: ignore[union-attr]
+        assert f"event loop: {loop}" in out
     finally:
         if proc.poll() is None:
             proc.kill()
