@@ -456,6 +456,79 @@ def test_byte_by_byte_and_random_chunks() -> None:
     assert codec.buffered() == 0
 
 
+def _frame_by_frame(codec: ServerCodec, data: bytes) -> list[Any]:
+    """Feed one frame at a time, so a publish's header and body are never there yet when
+    its method frame is read (the frame-by-frame path)."""
+    out: list[Any] = []
+    pos = 0
+    while len(data) - pos >= 7:
+        end = pos + 8 + struct.unpack_from(">I", data, pos + 3)[0]  # by size, end byte or not
+        out += feed(codec, data[pos:end])
+        pos = end
+    return out + feed(codec, data[pos:])
+
+
+def _outcome(fn: Any, codec: ServerCodec, data: bytes) -> Any:
+    try:
+        return ("events", fn(codec, data))
+    except AMQPError as err:
+        return ("error", type(err).__name__, err.code, err.text, codec.broken)
+
+
+_P = method_frame(1, "basic.publish", 0, "ex", "key", True, False)
+_PROPS = properties_bytes(delivery_mode=2, headers={"a": 1})
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        publish_frames(1, "ex", "key", b"body", _PROPS, mandatory=True),
+        publish_frames(1, "ex", "key", b"", _PROPS),  # no body frame at all
+        publish_frames(1, "", "q", b"x" * 100),  # exactly max_message_size
+        publish_frames(1, "", "q", b"x" * 101),  # over it: 406 once complete
+        publish_frames(1, "", "q", b"x" * 9000, frame_max=4096),  # body in three frames
+        _P + header_frame(1, 4) + body_frame(1, b"ab") + body_frame(1, b"cd"),
+        _P + header_frame(2, 4) + body_frame(1, b"abcd"),  # header on another channel
+        _P + header_frame(1, 4, class_id=50) + body_frame(1, b"abcd"),
+        _P + frame(2, 1, header_payload(4)[:10]) + body_frame(1, b"abcd"),  # short header
+        _P + frame(2, 1, header_payload(4), end=b"\x00") + body_frame(1, b"abcd"),
+        _P + header_frame(1, 4) + body_frame(1, b"abcde"),  # longer than declared
+        _P + header_frame(1, 4) + body_frame(2, b"abcd"),  # body on another channel
+        _P + header_frame(1, 4) + frame(3, 1, b"abcd", end=b"\x01"),
+        _P + header_frame(1, 4) + method_frame(1, "basic.ack", 1, False),
+        _P + header_frame(1, 5000) + body_frame(1, b"y" * 5000),  # over frame_max
+        _P + header_frame(1, 4) + heartbeat_frame() + body_frame(1, b"abcd"),
+    ],
+    ids=[
+        "whole",
+        "empty-body",
+        "at-max-size",
+        "over-max-size",
+        "three-body-frames",
+        "two-body-frames",
+        "header-other-channel",
+        "header-other-class",
+        "short-header",
+        "header-bad-end",
+        "body-too-long",
+        "body-other-channel",
+        "body-bad-end",
+        "method-instead-of-body",
+        "header-over-frame-max",
+        "heartbeat-between",
+    ],
+)
+def test_a_publish_read_in_one_pass_is_what_frame_by_frame_reads(data: bytes) -> None:
+    """When the header and body are in the buffer with the method, the codec reads the whole
+    publish at once; the events, and any error, are those of reading it frame by frame."""
+    whole = _outcome(feed, greeted(frame_max=4096, max_message_size=100), data)
+    apart = _outcome(_frame_by_frame, greeted(frame_max=4096, max_message_size=100), data)
+    assert whole == apart
+    # and twice in a row in one buffer, on the same codec
+    if whole[0] == "events":
+        assert feed(greeted(frame_max=4096, max_message_size=100), data + data) == whole[1] * 2
+
+
 def test_large_input_is_compacted() -> None:
     codec = greeted()
     one = method_frame(1, "basic.ack", 1, False)
