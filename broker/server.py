@@ -73,8 +73,12 @@ class AMQPProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         conn = self.conn
         if conn is not None:
-            conn.data_received(data)
-            self.broker.end_of_turn()
+            broker = self.broker
+            broker.open_turn()
+            try:
+                conn.data_received(data)
+            finally:
+                broker.end_of_turn()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too

@@ -1,0 +1,100 @@
+"""Turn batching: a read ends its own turn, with no extra loop callback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from rawclient import PROTOCOL_HEADER, decode_method, parse_frames
+
+from broker.app import Broker
+from broker.clock import ManualClock
+from broker.config import parse_config
+from broker.server import AMQPProtocol
+
+CONFIG = """<broker>
+  <users><user name="guest" password="guest" vhosts="/"/></users>
+  <virtualhost name="/"/>
+</broker>"""
+
+
+class RecordingLoop:
+    """Stands in for the event loop: records what the broker asks to run later."""
+
+    def __init__(self) -> None:
+        self.soon: list[Callable[..., Any]] = []
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.soon.append(fn)
+
+
+class StreamTransport:
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else None
+
+
+@pytest.fixture
+def wired() -> tuple[Broker, RecordingLoop, AMQPProtocol, StreamTransport]:
+    b = Broker(parse_config(CONFIG), clock=ManualClock())
+    loop = RecordingLoop()
+    b.loop = loop  # type: ignore[assignment]
+    proto = AMQPProtocol(b)
+    transport = StreamTransport()
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    return b, loop, proto, transport
+
+
+def test_a_read_writes_its_answer_without_scheduling_a_callback(wired) -> None:
+    b, loop, proto, transport = wired
+    proto.data_received(PROTOCOL_HEADER)
+    frames, _ = parse_frames(bytes(transport.data))
+    assert [decode_method(p)[0] for _t, _c, p in frames] == ["connection.start"]
+    assert b.end_of_turn not in loop.soon
+
+
+def test_outside_a_read_the_turn_is_a_loop_callback(wired) -> None:
+    b, loop, proto, transport = wired
+    conn = proto.conn
+    assert conn is not None
+    conn.send(0, "connection.blocked", "test")  # e.g. from a timer or another thread's call
+    assert loop.soon == [b.end_of_turn]
+    assert transport.data == b""
+    loop.soon.pop()()
+    assert transport.data != b""
+
+
+def test_a_read_that_raises_still_ends_its_turn(wired, monkeypatch) -> None:
+    b, loop, proto, transport = wired
+    conn = proto.conn
+    assert conn is not None
+
+    def boom(data: bytes) -> None:
+        conn.send(0, "connection.blocked", "test")
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(conn, "data_received", boom)
+    with pytest.raises(RuntimeError):
+        proto.data_received(b"x")
+    assert transport.data != b""  # the turn ended: its output was written
+    # and later work is scheduled again as usual
+    conn.send(0, "connection.unblocked")
+    assert loop.soon == [b.end_of_turn]
