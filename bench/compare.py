@@ -6,7 +6,7 @@ same run with the same clients and the phases of ``throughput.py``.
 
 It starts plugbroker once per ``--loop`` (a subprocess each, ``PLUGBROKER_LOOP``), optionally a
 second tree (``--baseline DIR``, e.g. an unpacked ``git archive`` of an older commit, run with
-its default loop) for before/after figures, and measures those and a running RabbitMQ
+``--baseline-loop``) for before/after figures, and measures those and a running RabbitMQ
 (``--rabbitmq-url`` with ``--rabbitmq-pid``, its ``beam.smp``). Rounds are interleaved: each
 round runs every phase on every broker back to back, so load from elsewhere on the machine
 falls on all of them alike. Each figure is the median over ``--repeat`` rounds; each ratio is
@@ -66,7 +66,18 @@ def main(argv: list[str] | None = None) -> int:
         choices=("asyncio", "uvloop", "auto"),
         help="start one plugbroker per event loop named",
     )
-    ap.add_argument("--baseline", type=Path, help="also run the plugbroker tree in this directory")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        action="append",
+        default=[],
+        help="also run the plugbroker tree in this directory (repeatable)",
+    )
+    ap.add_argument(
+        "--baseline-loop",
+        choices=("asyncio", "uvloop", "auto"),
+        help="PLUGBROKER_LOOP for the baseline trees (a tree that predates it ignores it)",
+    )
     ap.add_argument("--size", type=int, nargs="+", default=[1024], help="body bytes")
     ap.add_argument("--count", type=int, default=20000, help="messages per phase")
     ap.add_argument("--mode", choices=tp.MODES + ("all",), default="all")
@@ -76,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
 
     targets: list[Target] = []
     try:
-        if args.baseline is not None:
-            own = tp.OwnBroker(root=args.baseline.resolve())
-            targets.append(Target(f"baseline ({args.baseline.name})", own.url, own.pid, own))
+        for tree in args.baseline:
+            own = tp.OwnBroker(root=tree.resolve(), loop=args.baseline_loop)
+            targets.append(Target(f"baseline ({tree.name})", own.url, own.pid, own))
         for loop in args.loop:
             own = tp.OwnBroker(loop=loop)
             targets.append(Target(f"plugbroker ({loop})", own.url, own.pid, own))
