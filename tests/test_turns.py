@@ -52,8 +52,11 @@ class StreamTransport:
         return ("127.0.0.1", 40000) if name == "peername" else None
 
 
+Wired = tuple[Broker, RecordingLoop, AMQPProtocol, StreamTransport]
+
+
 @pytest.fixture
-def wired() -> tuple[Broker, RecordingLoop, AMQPProtocol, StreamTransport]:
+def wired() -> Wired:
     b = Broker(parse_config(CONFIG), clock=ManualClock())
     loop = RecordingLoop()
     b.loop = loop  # type: ignore[assignment]
@@ -63,7 +66,7 @@ def wired() -> tuple[Broker, RecordingLoop, AMQPProtocol, StreamTransport]:
     return b, loop, proto, transport
 
 
-def test_a_read_writes_its_answer_without_scheduling_a_callback(wired) -> None:
+def test_a_read_writes_its_answer_without_scheduling_a_callback(wired: Wired) -> None:
     b, loop, proto, transport = wired
     proto.data_received(PROTOCOL_HEADER)
     frames, _ = parse_frames(bytes(transport.data))
@@ -71,7 +74,7 @@ def test_a_read_writes_its_answer_without_scheduling_a_callback(wired) -> None:
     assert b.end_of_turn not in loop.soon
 
 
-def test_outside_a_read_the_turn_is_a_loop_callback(wired) -> None:
+def test_outside_a_read_the_turn_is_a_loop_callback(wired: Wired) -> None:
     b, loop, proto, transport = wired
     conn = proto.conn
     assert conn is not None
@@ -82,7 +85,9 @@ def test_outside_a_read_the_turn_is_a_loop_callback(wired) -> None:
     assert transport.data != b""
 
 
-def test_a_read_that_raises_still_ends_its_turn(wired, monkeypatch) -> None:
+def test_a_read_that_raises_still_ends_its_turn(
+    wired: Wired, monkeypatch: pytest.MonkeyPatch
+) -> None:
     b, loop, proto, transport = wired
     conn = proto.conn
     assert conn is not None

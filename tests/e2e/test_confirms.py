@@ -9,12 +9,13 @@ that confirm once the store's batch is on disk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import amqp
 import pika
 import pytest
-from brokerutil import drain_until
+from brokerutil import BrokerThread, drain_until
 from rawclient import RawClient, method_frame, properties_bytes, publish_frames
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -41,7 +42,7 @@ class Confirms:
         return len(self.acked) + len(self.nacked)
 
 
-def test_raw_client_pipelining_100_publishes_gets_each_confirmed_once(broker):
+def test_raw_client_pipelining_100_publishes_gets_each_confirmed_once(broker: BrokerThread) -> None:
     with RawClient(broker.port) as c:
         c.handshake()
         c.method(1, "queue.declare", 0, "cf-raw", False, False, False, False, False, {})
@@ -60,7 +61,7 @@ def test_raw_client_pipelining_100_publishes_gets_each_confirmed_once(broker):
         assert c.expect("queue.declare_ok")[1][1] == 100  # nothing else was confirmed
 
 
-def test_raw_client_nack_in_a_pipelined_run(broker):
+def test_raw_client_nack_in_a_pipelined_run(broker: BrokerThread) -> None:
     with RawClient(broker.port) as c:
         c.handshake()
         args = {"x-max-length": 10, "x-overflow": "reject-publish"}
@@ -106,13 +107,15 @@ def _py_amqp_pipelined(port: int, queue: str, n: int, props: dict[str, Any]) -> 
         conn.close()
 
 
-def test_py_amqp_many_in_flight_transient(broker):
+def test_py_amqp_many_in_flight_transient(broker: BrokerThread) -> None:
     got = _py_amqp_pipelined(broker.port, "cf-pyamqp", 2000, {})
     assert got.acked == list(range(1, 2001)) and not got.nacked
     assert got.frames < 2000 and got.multiple >= 1
 
 
-def test_py_amqp_many_in_flight_persistent_confirm_per_store_batch(broker_factory):
+def test_py_amqp_many_in_flight_persistent_confirm_per_store_batch(
+    broker_factory: Callable[..., BrokerThread],
+) -> None:
     b = broker_factory(store=True)
     got = _py_amqp_pipelined(b.port, "cf-durable", 2000, {"delivery_mode": 2})
     assert got.acked == list(range(1, 2001)) and not got.nacked
@@ -120,7 +123,7 @@ def test_py_amqp_many_in_flight_persistent_confirm_per_store_batch(broker_factor
     assert got.frames < 2000 and got.multiple >= 1
 
 
-def test_pika_async_publisher_with_confirms(broker):
+def test_pika_async_publisher_with_confirms(broker: BrokerThread) -> None:
     """pika's SelectConnection keeps all 500 publishes in flight and settles its deliveries
     from the (multiple) acks."""
     n = 500
@@ -169,7 +172,7 @@ def test_pika_async_publisher_with_confirms(broker):
     assert got.frames < n and got.multiple >= 1
 
 
-def test_kombu_style_waiting_publisher_sees_single_acks(broker):
+def test_kombu_style_waiting_publisher_sees_single_acks(broker: BrokerThread) -> None:
     """A publisher that waits for each confirm (py-amqp's confirm_publish, as kombu uses it)
     gets one ack per publish, never multiple."""
     with RawClient(broker.port) as c:
