@@ -4,8 +4,8 @@ Absolute CPU times differ between machines (and between minutes on a shared one)
 reports is the **ratio** of plugbroker's broker CPU per message to RabbitMQ's, measured in the
 same run with the same clients and the phases of ``throughput.py``.
 
-It starts plugbroker once per ``--loop`` (a subprocess each, ``PLUGBROKER_LOOP``), optionally a
-second tree (``--baseline DIR``, e.g. an unpacked ``git archive`` of an older commit, run with
+It starts plugbroker once per ``--loop`` (a subprocess each, ``PLUGBROKER_LOOP``), once per
+``--baseline DIR`` (another tree, e.g. an unpacked ``git archive`` of an older commit, on
 ``--baseline-loop``) for before/after figures, and measures those and a running RabbitMQ
 (``--rabbitmq-url`` with ``--rabbitmq-pid``, its ``beam.smp``). Rounds are interleaved: each
 round runs every phase on every broker back to back, so load from elsewhere on the machine
@@ -14,8 +14,9 @@ taken within a round, then the median of those.
 
 Run::
 
+    PID=$(rabbitmqctl -n "$RABBITMQ_NODENAME" eval 'os:getpid().' | tr -d '"')
     python3 bench/compare.py --rabbitmq-url amqp://guest:guest@127.0.0.1:25691// \\
-        --rabbitmq-pid "$(pgrep -f 'beam.smp.*pbbench')" --loop asyncio uvloop --repeat 3
+        --rabbitmq-pid "$PID" --loop asyncio uvloop --repeat 5
 """
 
 from __future__ import annotations
@@ -80,11 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--size", type=int, nargs="+", default=[1024], help="body bytes")
     ap.add_argument("--count", type=int, default=20000, help="messages per phase")
-    ap.add_argument("--mode", choices=tp.MODES + ("all",), default="all")
+    ap.add_argument(
+        "--mode", nargs="+", choices=tp.MODES + ("all",), default=["all"], help="one or more"
+    )
     ap.add_argument("--repeat", type=int, default=3, help="rounds; figures are medians")
     ap.add_argument("--json", type=Path, help="write every single figure here")
     args = ap.parse_args(argv)
 
+    modes = tp.MODES if "all" in args.mode else tuple(args.mode)
     targets: list[Target] = []
     try:
         for tree in args.baseline:
@@ -97,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
             targets.append(Target(RABBIT, args.rabbitmq_url, args.rabbitmq_pid))
         for t in targets:
             tp.warm_up(t.url)
-        modes = tp.MODES if args.mode == "all" else (args.mode,)
         for rnd in range(1, args.repeat + 1):
             for size in args.size:
                 for mode in modes:
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| " + " | ".join(head) + " |")
     print("|---|" + "---:|" * (len(head) - 1))
     for size in args.size:
-        for mode in tp.MODES if args.mode == "all" else (args.mode,):
+        for mode in modes:
             key = (mode, size)
             row = [mode, f"{size} B", *(fmt(median_or_none(t.cpu_us(key))) for t in targets)]
             if rabbit is not None:
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| mode | body | " + " | ".join(t.label for t in targets) + " |")
     print("|---|" + "---:|" * (len(targets) + 1))
     for size in args.size:
-        for mode in tp.MODES if args.mode == "all" else (args.mode,):
+        for mode in modes:
             key = (mode, size)
             rates = [
                 fmt(median_or_none([r.rate for r in t.results.get(key, [])]), ",.0f")
