@@ -33,7 +33,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from aiohttp import web
@@ -188,7 +188,8 @@ class _Busy(asyncio.Protocol):
     LINGER = 1.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # a stream transport; not an asyncio.Transport subclass on uvloop, so no isinstance
+        transport = cast(asyncio.Transport, transport)
         transport.write(
             b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
             b"Connection: close\r\nRetry-After: 1\r\nContent-Length: "

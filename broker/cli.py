@@ -22,11 +22,11 @@ def _setup_logging(level: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from broker.config import ConfigError, default_config_path
     from broker.registry import PluginError
-    from broker.runner import LoopError, loop_factory, start_broker
+    from broker.runner import LoopError, loop_factory, start_broker, uses_tls
 
     path = Path(args.config) if args.config else default_config_path()
     try:
-        factory, loop_name = loop_factory(args.loop)
+        factory, loop_name = loop_factory(args.loop, tls=uses_tls(path))
     except LoopError as exc:
         print(f"plugbroker: {exc}", file=sys.stderr)
         return 2

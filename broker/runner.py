@@ -50,7 +50,7 @@ class LoopError(ValueError):
 
 
 def loop_factory(
-    choice: str | None = None,
+    choice: str | None = None, *, tls: bool = False
 ) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
     """``(factory, description)`` of the event loop to run the broker on, for
     ``asyncio.Runner(loop_factory=...)``; the factory is None for asyncio's own loop (what
@@ -58,11 +58,22 @@ def loop_factory(
 
     :param choice: ``auto`` (uvloop when importable, else asyncio), ``asyncio`` or ``uvloop``;
         None reads :data:`LOOP_ENV` and falls back to ``auto``.
-    :raises LoopError: an unknown name, or ``uvloop`` when it is not installed.
+    :param tls: the configuration has a TLS listener (``<tls>`` or ``<admin><tls>``). The TLS
+        acceptor (:mod:`broker.tls`) hands a socket to ``loop.start_tls`` after accepting it;
+        on uvloop that handshake stalls now and then (a client's first bytes can be read
+        before the handshake starts), so ``auto`` stays on asyncio and ``uvloop`` is refused.
+    :raises LoopError: an unknown name, or ``uvloop`` when it is not installed or with TLS.
     """
     name = (choice or os.environ.get(LOOP_ENV) or "auto").strip().lower()
     if name not in LOOP_CHOICES:
         raise LoopError(f"unknown event loop {name!r}; choose one of {', '.join(LOOP_CHOICES)}")
+    if tls:
+        if name == "uvloop":
+            raise LoopError(
+                "uvloop does not serve the TLS listeners (<tls>, <admin><tls>) reliably; "
+                "run them on asyncio (--loop asyncio or auto)"
+            )
+        return None, "asyncio (TLS listeners configured: uvloop is not used with them)"
     if name != "asyncio":
         try:
             import uvloop
@@ -74,6 +85,18 @@ def loop_factory(
         else:
             return uvloop.new_event_loop, f"uvloop {uvloop.__version__}"
     return None, "asyncio"
+
+
+def uses_tls(path: Path | None) -> bool:
+    """Whether a configuration file has a TLS listener, before full validation (the event
+    loop is chosen before the configuration is loaded on it)."""
+    if path is None:
+        return False
+    try:
+        root = etree.parse(str(path)).getroot()
+    except (OSError, etree.XMLSyntaxError):
+        return False  # the full load reports it with file and line
+    return root.find("tls") is not None or root.find("admin/tls") is not None
 
 
 def plugin_list(path: Path | None) -> tuple[list[str], list[str]]:
@@ -337,4 +360,5 @@ __all__ = [
     "loop_factory",
     "plugin_list",
     "start_broker",
+    "uses_tls",
 ]

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from broker.config import ConfigError, TlsConfig
 
@@ -133,7 +133,8 @@ class TLSAcceptor(asyncio.Protocol):
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # a stream transport; not an asyncio.Transport subclass on uvloop, so no isinstance
+        transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.track(asyncio.ensure_future(self.handshake(transport)))

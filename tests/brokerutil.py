@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.runner import Running, loop_factory, start_broker
+from broker.runner import Running, loop_factory, start_broker, uses_tls
 
 #: the users of every test broker unless a test gives its own ``users=``
 GUEST = '<user name="guest" password="guest" vhosts="/ other"/>'
@@ -99,8 +99,10 @@ class BrokerThread:
     def __init__(self, config_path: Path | None = None, **kw: Any) -> None:
         self.config_path = config_path
         self.kw = kw
-        # PLUGBROKER_LOOP=uvloop runs the end-to-end tests on uvloop
-        factory, _ = loop_factory(os.environ.get("PLUGBROKER_LOOP") or "asyncio")
+        # PLUGBROKER_LOOP=uvloop runs the end-to-end tests on uvloop (those without TLS
+        # listeners: the runner keeps those on asyncio)
+        choice = os.environ.get("PLUGBROKER_LOOP") or "asyncio"
+        factory, _ = loop_factory("asyncio" if uses_tls(config_path) else choice)
         self.loop = (factory or asyncio.new_event_loop)()
         self.running: Running | None = None
         self._ready = threading.Event()

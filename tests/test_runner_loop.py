@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import pytest
 
 from broker.cli import main as cli_main
-from broker.runner import LOOP_ENV, LoopError, loop_factory
+from broker.runner import LOOP_ENV, LoopError, loop_factory, uses_tls
 
 
 @pytest.fixture(autouse=True)
@@ -85,3 +86,29 @@ def test_run_refuses_a_bad_loop_before_starting(
 def test_run_refuses_uvloop_when_missing(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["run", "--loop", "uvloop", "--port", "1"]) == 2
     assert "uvloop is not installed" in capsys.readouterr().err
+
+
+def test_tls_listeners_keep_auto_on_asyncio_and_refuse_uvloop() -> None:
+    assert loop_factory("auto", tls=True)[0] is None
+    assert loop_factory("auto", tls=True)[1].startswith("asyncio (TLS listeners configured")
+    assert loop_factory("asyncio", tls=True)[0] is None
+    with pytest.raises(LoopError, match="TLS"):
+        loop_factory("uvloop", tls=True)
+
+
+@pytest.mark.parametrize(
+    ("xml", "tls"),
+    [
+        ("<broker/>", False),
+        ('<broker><listen port="5672"/><admin port="15672"/></broker>', False),
+        ('<broker><tls port="5671" cert="c" key="k"/></broker>', True),
+        ('<broker><admin port="15672"><tls cert="c" key="k"/></admin></broker>', True),
+        ("<broker><not closed", False),  # the full load reports it
+    ],
+)
+def test_uses_tls_reads_the_file_before_it_is_loaded(tmp_path: Path, xml: str, tls: bool) -> None:
+    path = tmp_path / "b.xml"
+    path.write_text(xml)
+    assert uses_tls(path) is tls
+    assert uses_tls(None) is False
+    assert uses_tls(tmp_path / "missing.xml") is False

@@ -142,3 +142,16 @@ def test_an_unknown_plugin_is_refused_at_start(tmp_path):
     )
     assert res.returncode == 2 and "no_such_plugin_module" in res.stderr
     assert "could not be imported" in res.stderr
+
+
+def test_run_refuses_uvloop_with_a_tls_listener(tmp_path):
+    cfg = tmp_path / "tls.xml"
+    cfg.write_text('<broker><tls port="5671" cert="c.pem" key="k.pem"/></broker>')
+    res = subprocess.run(
+        [sys.executable, "-m", "broker", "run", "--config", str(cfg), "--loop", "uvloop"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 2
+    assert "uvloop does not serve the TLS listeners" in res.stderr
