@@ -480,7 +480,7 @@ class Replayer:
         check.checks += 1
         snap = self.snapshot(check.section, now)
         if not snap.queues:
-            self._close_streaks(check.name, check.checks)
+            self._close_streaks(check.name)
             return
         actions = check.policy(snap, check.state, check.policies)
         seen: set[tuple[Any, ...]] = set()
@@ -494,7 +494,7 @@ class Replayer:
                 self._simulate(a)
         if deferred:  # as the housekeeping pool tells the job (broker.policy.DEFERRED)
             check.state[DEFERRED] = deferred
-        self._close_streaks(check.name, check.checks, keep=seen)
+        self._close_streaks(check.name, keep=seen)
 
     def _budgeted(self, a: Action, now: float) -> str:
         """The outcome to record for ``a``: ``deferred`` when the candidate's ``<blastRadius>``
@@ -567,7 +567,6 @@ class Replayer:
     def _close_streaks(
         self,
         job: str,
-        check_no: int,
         keep: frozenset[tuple[Any, ...]] | set[tuple[Any, ...]] = frozenset(),
     ) -> None:
         for key in [k for k in self._open if k[0] == job and k not in keep]:
