@@ -34,17 +34,41 @@ def topic_words_match(pattern: Sequence[str], key: Sequence[str]) -> bool:
 
 
 def match_words(p: Sequence[str], i: int, k: Sequence[str], j: int) -> bool:
-    """Whether pattern words ``p[i:]`` match key words ``k[j:]`` (the router's inner loop)."""
+    """Whether pattern words ``p[i:]`` match key words ``k[j:]`` (the router's inner loop).
+
+    Words before the first ``#`` are matched one for one; from there on the key positions the
+    pattern can have reached are tracked as a set (an NFA run), so the cost is at most
+    O(len(p) * len(k)) whatever the number of ``#`` words: a binding key such as
+    ``#.#.#.#.a`` against a long routing key cannot stall the loop.
+    """
+    n = len(k)
     while i < len(p):
         w = p[i]
         if w == "#":
             if i == len(p) - 1:
                 return True
-            return any(match_words(p, i + 1, k, jj) for jj in range(j, len(k) + 1))
-        if j >= len(k):
+            return _match_from_hash(p, i, k, j)
+        if j >= n:
             return False
         if w != "*" and w != k[j]:
             return False
         i += 1
         j += 1
-    return j == len(k)
+    return j == n
+
+
+def _match_from_hash(p: Sequence[str], i: int, k: Sequence[str], j: int) -> bool:
+    """:func:`match_words` from ``p[i] == "#"`` on: the set of reachable key positions."""
+    n = len(k)
+    reach: set[int] = {j}
+    for w in p[i:]:
+        if w == "#":
+            # zero or more words: every position from the lowest reachable one to the end
+            reach = set(range(min(reach), n + 1))
+        elif w == "*":
+            reach = {x + 1 for x in reach if x < n}
+        else:
+            reach = {x + 1 for x in reach if x < n and k[x] == w}
+        if not reach:
+            return False
+    return n in reach
