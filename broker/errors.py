@@ -93,3 +93,21 @@ class ConnectionError_(AMQPError):
 
 class FrameError(ConnectionError_):
     """The peer broke the framing rules (501/505 family); raised by the codec."""
+
+
+#: the longest name (queue, exchange, routing key) AMQP can carry: a short string
+MAX_NAME_BYTES = 255
+
+
+def name_problem(name: str) -> str:
+    """What makes ``name`` unusable as a queue or exchange name ("" when nothing): text that is
+    not valid UTF-8 (a lone surrogate, as py-amqp decodes with ``surrogatepass``) or longer
+    than a short string's 255 bytes. The codec refuses such names on the wire; callers that
+    take names from elsewhere (the admin API, plugins) check with this."""
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    if size > MAX_NAME_BYTES:
+        return f"is {size} bytes long, more than {MAX_NAME_BYTES}"
+    return ""

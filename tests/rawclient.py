@@ -359,3 +359,21 @@ def py_amqp_read(data: bytes) -> list[tuple[int, tuple[int, int], bytes, Any]]:
     for f in frames:
         on_frame(f)
     return got
+
+
+def nested_table(depth: int, *, arrays: bool = False) -> bytes:
+    """A field table (with its 4-byte length) nested ``depth`` levels deep, built without
+    recursion: ``{"n": {"n": ... {}}}``; with ``arrays`` every second level is a one-element
+    array instead of a table (the outermost is always a table)."""
+    kinds = ["A" if arrays and i % 2 else "F" for i in range(depth)]
+    payload = b""  # the contents of the innermost container: empty
+    for level in range(depth - 1, 0, -1):
+        item = kinds[level].encode() + struct.pack(">I", len(payload)) + payload
+        payload = item if kinds[level - 1] == "A" else b"\x01n" + item
+    return struct.pack(">I", len(payload)) + payload
+
+
+def deep_header_properties(depth: int) -> bytes:
+    """Basic properties with a headers table ``depth`` deep and delivery_mode 2."""
+    flags = (1 << 13) | (1 << 12)
+    return struct.pack(">H", flags) + nested_table(depth) + b"\x02"

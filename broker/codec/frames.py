@@ -32,6 +32,8 @@ from broker.codec.events import (
 )
 from broker.codec.ids import BASIC_ACK, BASIC_CLASS, BASIC_DELIVER, BASIC_PUBLISH, MethodId
 from broker.codec.methods import BY_NAME, decode_args, encode_args, lookup
+from broker.codec.properties import PropertiesError, peek
+from broker.codec.tables import MAX_DEPTH, MIN_LEVEL_BYTES, too_deep
 from broker.errors import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
@@ -60,6 +62,23 @@ _U64 = struct.Struct(">Q")
 #: a whole basic.ack frame: type, channel, size 13, class 60, method 80, tag, bits, frame end
 _ACK_FRAME = struct.Struct(">BHIHHQBB")
 _HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+#: content properties shorter than this cannot hold headers nested past MAX_DEPTH
+_DEEP_MIN: Final = MAX_DEPTH * MIN_LEVEL_BYTES
+
+
+def _check_headers_depth(properties: bytes) -> None:
+    """A 502 for a published message whose headers nest deeper than MAX_DEPTH (only called
+    for properties long enough to, so usual publishes skip it)."""
+    try:
+        hoff = peek(properties)[3]
+    except PropertiesError:
+        return  # reported where the properties are read (406 on the channel)
+    if hoff >= 0 and too_deep(properties, hoff):
+        raise ConnectionError_(
+            SYNTAX_ERROR,
+            f"the headers of a basic.publish nest field tables deeper than {MAX_DEPTH} levels",
+            BASIC_PUBLISH,
+        )
 
 
 def _head(sig: MethodId) -> bytes:
@@ -377,6 +396,9 @@ class ServerCodec:
         else:
             body = b""
             self._pos = end + 1
+        properties = bytes(buf[pos + 19 : end])
+        if len(properties) > _DEEP_MIN:
+            _check_headers_depth(properties)
         return _publish_event(
             channel,
             exchange,
@@ -384,7 +406,7 @@ class ServerCodec:
             bool(bits & 1),
             bool(bits & 2),
             body_size,
-            bytes(buf[pos + 19 : end]),
+            properties,
             body,
         )
 
@@ -444,6 +466,8 @@ class ServerCodec:
                 BASIC_PUBLISH,
                 channel,
             )
+        if len(p.properties) > _DEEP_MIN:
+            _check_headers_depth(p.properties)
         chunks = p.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         return _publish_event(

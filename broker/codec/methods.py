@@ -22,6 +22,7 @@ from amqp.serialization import dumps, loads
 from broker.codec import ids
 from broker.codec.events import CLIENT_METHODS, MethodEvent, UnexpectedMethod
 from broker.codec.ids import MethodId
+from broker.codec.tables import MAX_DEPTH, MIN_LEVEL_BYTES, too_deep
 from broker.errors import NOT_IMPLEMENTED, SYNTAX_ERROR, ConnectionError_
 
 
@@ -53,6 +54,9 @@ class MethodSpec:
             return UnexpectedMethod(channel, self.sig, self.name, args)
         return cls(channel, *args[self.skip :])
 
+
+#: arguments shorter than this cannot nest tables past MAX_DEPTH
+_DEEP_MIN = MAX_DEPTH * MIN_LEVEL_BYTES
 
 _EVENTS: dict[MethodId, type[MethodEvent]] = {cls.ID: cls for cls in CLIENT_METHODS}
 
@@ -237,6 +241,44 @@ def lookup(class_id: int, method_id: int) -> MethodSpec:
         ) from None
 
 
+def _check_depth(spec: MethodSpec, payload: bytes | memoryview, offset: int) -> None:
+    """Find each table argument's offset (skipping the arguments before it) and refuse one
+    nesting deeper than MAX_DEPTH. Malformed arguments are left to the decoder."""
+    pos = offset
+    prev = ""
+    try:
+        for kind in spec.fmt:
+            if kind == "b":
+                if prev != "b":
+                    pos += 1  # consecutive bits share one octet
+                prev = kind
+                continue
+            prev = kind
+            if kind == "F":
+                if too_deep(payload, pos):
+                    raise ConnectionError_(
+                        SYNTAX_ERROR,
+                        f"field tables nested deeper than {MAX_DEPTH} levels in the "
+                        f"arguments of {spec.name}",
+                        spec.sig,
+                    )
+                pos += 4 + int.from_bytes(payload[pos : pos + 4], "big")
+            elif kind == "s":
+                pos += 1 + payload[pos]
+            elif kind in "Sx":
+                pos += 4 + int.from_bytes(payload[pos : pos + 4], "big")
+            elif kind == "o":
+                pos += 1
+            elif kind == "B":
+                pos += 2
+            elif kind == "l":
+                pos += 4
+            elif kind == "L":
+                pos += 8
+    except IndexError:
+        return
+
+
 def decode_args(spec: MethodSpec, payload: bytes | memoryview, offset: int = 4) -> tuple[Any, ...]:
     """Decode a method's arguments; a short or overlong payload is a 502 SYNTAX_ERROR."""
     if not spec.fmt:
@@ -245,9 +287,18 @@ def decode_args(spec: MethodSpec, payload: bytes | memoryview, offset: int = 4) 
                 SYNTAX_ERROR, f"trailing bytes after the arguments of {spec.name}", spec.sig
             )
         return ()
+    if "F" in spec.fmt and len(payload) > _DEEP_MIN:
+        # scan the tables' nesting before py-amqp's recursive decoder sees them
+        _check_depth(spec, payload, offset)
     try:
         values, end = loads(spec.fmt, payload, offset)
-    except Exception as exc:  # struct.error, IndexError, UnicodeDecodeError, ...
+    except UnicodeDecodeError:
+        raise ConnectionError_(
+            SYNTAX_ERROR,
+            f"a short string that is not valid UTF-8 in the arguments of {spec.name}",
+            spec.sig,
+        ) from None
+    except Exception as exc:  # struct.error, IndexError, RecursionError, ...
         raise ConnectionError_(
             SYNTAX_ERROR, f"malformed arguments for {spec.name}: {exc.__class__.__name__}", spec.sig
         ) from None
@@ -257,26 +308,57 @@ def decode_args(spec: MethodSpec, payload: bytes | memoryview, offset: int = 4) 
         raise ConnectionError_(
             SYNTAX_ERROR, f"trailing bytes after the arguments of {spec.name}", spec.sig
         )
-    if "F" in spec.fmt and not all(_text_keys(v) for v in values):
-        # py-amqp hands back a field name that is not UTF-8 as bytes; the spec says UTF-8
-        raise ConnectionError_(
-            SYNTAX_ERROR,
-            f"a field name in the arguments of {spec.name} is not UTF-8 (or "
-            "tables nest more than 100 deep)",
-            spec.sig,
-        )
+    problem = _text_problem(spec.fmt, values)
+    if problem:
+        raise ConnectionError_(SYNTAX_ERROR, f"{problem} in the arguments of {spec.name}", spec.sig)
     return tuple(values)
 
 
-def _text_keys(v: Any, depth: int = 0) -> bool:
-    """Every field name in a (nested) table is a str."""
-    if isinstance(v, dict):
-        return depth < 100 and all(
-            isinstance(k, str) and _text_keys(x, depth + 1) for k, x in v.items()
-        )
-    if isinstance(v, list):
-        return depth < 100 and all(_text_keys(x, depth + 1) for x in v)
+def _text_problem(fmt: str, values: list[Any]) -> str:
+    """What is wrong with the text of decoded arguments ("" when nothing): a short string or a
+    string in a table that is not UTF-8 (py-amqp decodes with ``surrogatepass``, so a lone
+    surrogate comes through), a field name that is not UTF-8, or tables nested deeper than
+    :data:`MAX_DEPTH`."""
+    for kind, v in zip(fmt, values, strict=True):
+        if kind == "s" or kind == "S":
+            if not _utf8(v):
+                return "a short string that is not valid UTF-8"
+        elif kind == "F":
+            problem = _table_problem(v)
+            if problem:
+                return problem
+    return ""
+
+
+def _utf8(s: Any) -> bool:
+    if not isinstance(s, str):
+        return False
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return False
     return True
+
+
+def _table_problem(table: Any) -> str:
+    """Walk a decoded table with an explicit stack (no recursion, whatever the depth)."""
+    stack: list[tuple[Any, int]] = [(table, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            if depth > MAX_DEPTH:
+                return f"field tables nested deeper than {MAX_DEPTH} levels"
+            for k, x in v.items():
+                if not _utf8(k):
+                    return "a field name that is not valid UTF-8"
+                stack.append((x, depth + 1))
+        elif isinstance(v, list):
+            if depth > MAX_DEPTH:
+                return f"field tables nested deeper than {MAX_DEPTH} levels"
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, str) and not _utf8(v):
+            return "a string that is not valid UTF-8"
+    return ""
 
 
 def encode_args(spec: MethodSpec, args: tuple[Any, ...] | list[Any]) -> bytes:

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import broker as _pkg
 from broker.codec import properties as props_codec
+from broker.codec.ids import QUEUE_DECLARE
 from broker.domain import fate
+from broker.errors import PRECONDITION_FAILED, ChannelError, name_problem
 
 if TYPE_CHECKING:
     from broker.app import Broker
@@ -504,6 +506,11 @@ class BrokerAPI:
         :raises NotFound: no such vhost.
         :raises broker.errors.ChannelError: arguments that a client would be refused for.
         """
+        problem = name_problem(name)
+        if problem:
+            raise ChannelError(
+                PRECONDITION_FAILED, f"queue name {name!r} {problem}", QUEUE_DECLARE
+            )
         vh = self._vhost(vhost)
         q, _ = vh.declare_queue(name, durable=durable, arguments=dict(arguments or {}))
         return _queue_info(q)

@@ -342,7 +342,7 @@ def test_field_names_that_are_not_utf8_are_502(table: dict[Any, Any]) -> None:
     payload = encode_args(spec, (0, "q", "ex", "k", False, table))
     with pytest.raises(ConnectionError_) as info:
         decode_args(spec, payload)
-    assert info.value.code == 502 and "not UTF-8" in info.value.text
+    assert info.value.code == 502 and "not valid UTF-8" in info.value.text
 
 
 def test_deeply_nested_tables_are_refused_not_crashed() -> None:

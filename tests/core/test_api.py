@@ -161,3 +161,14 @@ def test_user_view_and_authenticate_with_the_loopback_rule(broker_factory):
     assert not broker.call(auth, "alice", "wrong", "127.0.0.1")
     assert broker.call(auth, "remote", "pw", "10.1.2.3")
     assert not broker.call(auth, "nobody", "", None)
+
+
+@pytest.mark.parametrize("name", ["poison-\ud800", "q" * 256, "é" * 128])
+def test_declare_queue_refuses_a_name_a_client_could_not_send(broker: Any, name: str) -> None:
+    from broker.errors import ChannelError
+
+    api = api_of(broker)
+    with pytest.raises(ChannelError) as info:
+        api.call_on_loop(lambda: api.declare_queue("/", name, durable=True))
+    assert info.value.code == 406
+    assert not api.call_on_loop(api.has_queue, "/", name)
