@@ -74,6 +74,8 @@ class Broker:
         self.connections: dict[str, Connection] = {}
         self._conn_seq = itertools.count(1)
         self._dirty: list[Queue] = []
+        #: (vhost, queue) -> how many times its dispatch raised (logged the first time)
+        self.dispatch_failures: dict[tuple[str, str], int] = {}
         self._flush: list[Connection] = []
         self._turn_scheduled = False
         #: set by the server to ``loop.call_soon``; None runs work at once (domain tests)
@@ -195,13 +197,37 @@ class Broker:
             self._dirty = []
             for q in dirty:
                 if q.dirty:
-                    q.dispatch()
+                    try:
+                        q.dispatch()
+                    except Exception:
+                        self._dispatch_failed(q)
             dirty = self._dirty
         flush, self._flush = self._flush, []
         for conn in flush:
-            conn.flush()
+            try:
+                conn.flush()
+            except Exception:
+                log.exception("connection %s: writing its output failed; dropping it", conn.id)
+                conn.out.clear()
+                conn.transport.close()  # connection_lost follows and cleans up
         if self._dirty or self._flush:
             self._schedule_turn()
+
+    def _dispatch_failed(self, q: Queue) -> None:
+        """A queue's dispatch raised: that queue waits for its next event (a publish, an ack, a
+        new consumer), the other dirty queues of this turn are still dispatched. Logged with
+        the traceback once per queue; later failures of the same queue are counted."""
+        q.dirty = False
+        key = (q.vhost.name, q.name)
+        n = self.dispatch_failures.get(key, 0) + 1
+        self.dispatch_failures[key] = n
+        if n == 1:
+            log.exception(
+                "queue '%s' in vhost '%s': dispatch failed; other queues carry on (further "
+                "failures of this queue are counted, not logged)",
+                q.name,
+                q.vhost.name,
+            )
 
     # ------------------------------------------------------------------ connections
 

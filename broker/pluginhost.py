@@ -73,6 +73,16 @@ BLOCK_ENV = "PLUGBROKER_BLOCK_PLUGINS"
 
 _PREFIX = "broker_"
 
+#: Notification hooks called while the broker serves clients (a message, a consumer, a queue
+#: or a connection changed): an exception in one is contained (see ``PluginHost._contained``),
+#: never propagated into the delivery, settle or close that fired it.
+CONTAINED_PREFIXES: tuple[str, ...] = (
+    "broker_connection_",
+    "broker_queue_",
+    "broker_consumer_",
+    "broker_message_",
+)
+
 #: Hooks the host calls itself instead of exposing an attribute for the core.
 HOST_CALLED_HOOKS: frozenset[str] = frozenset({"broker_register"})
 
@@ -151,6 +161,8 @@ class PluginHost:
         self._blocked = frozenset(n.strip() for n in (*blocked, *env.split(",")) if n and n.strip())
         #: policies and jobs registered by the plugins' ``broker_register``
         self.registry = Registry()
+        #: (plugin, hook) -> how many times a contained notification hook raised
+        self.hook_failures: dict[tuple[str, str], int] = {}
         self._refresh()
 
     # -- loading ----------------------------------------------------------------------------------
@@ -386,10 +398,72 @@ class PluginHost:
             impls = caller.get_hookimpls()
             if not impls:
                 setattr(self, attr, None)
+            elif spec.startswith(CONTAINED_PREFIXES):
+                setattr(self, attr, self._contained(spec, caller, impls))
             elif len(impls) == 1 and not (impls[0].hookwrapper or impls[0].wrapper):
                 setattr(self, attr, _direct(impls[0]))
             else:
                 setattr(self, attr, caller)
+
+    def _contained(self, spec: str, caller: HookCaller, impls: Sequence[Any]) -> Any:
+        """A notification hook whose implementations cannot hurt the broker: an exception in
+        one is logged (once per plugin and hook, with its traceback; later ones are counted in
+        :attr:`hook_failures`) and the other implementations still run. Wrappers keep pluggy,
+        contained as a whole."""
+        failures = self.hook_failures
+
+        def failed(plugin: str) -> None:
+            key = (plugin, spec)
+            n = failures.get(key, 0) + 1
+            failures[key] = n
+            if n == 1:
+                log.exception(
+                    "plugin %r: its %s hook raised; the broker carries on without it (further "
+                    "failures of this hook are counted, not logged)",
+                    plugin,
+                    spec,
+                )
+
+        if any(i.hookwrapper or i.wrapper for i in impls):
+            names = ", ".join(sorted({i.plugin_name for i in impls}))
+
+            def call_pluggy(**kwargs: Any) -> Any:
+                try:
+                    return caller(**kwargs)
+                except Exception:
+                    failed(names)
+                    return []
+
+            call_pluggy.caller = caller  # type: ignore[attr-defined]  # pluggy stays in charge
+            return call_pluggy
+        # pluggy's order: the last of get_hookimpls() runs first
+        plan = [(i.function, tuple(i.argnames), i.plugin_name) for i in reversed(impls)]
+        if len(plan) == 1:
+            fn, argnames, plugin = plan[0]
+
+            def call_one(**kwargs: Any) -> Any:
+                try:
+                    return fn(*[kwargs[n] for n in argnames])
+                except Exception:
+                    failed(plugin)
+                    return None
+
+            call_one.__name__ = getattr(fn, "__name__", "hook")
+            return call_one
+
+        def call_each(**kwargs: Any) -> list[Any]:
+            results = []  # what pluggy returns: the results that are not None
+            for fn, argnames, plugin in plan:
+                try:
+                    r = fn(*[kwargs[n] for n in argnames])
+                except Exception:
+                    failed(plugin)
+                    continue
+                if r is not None:
+                    results.append(r)
+            return results
+
+        return call_each
 
 
 def builtin_config_registry() -> ConfigElementRegistry:

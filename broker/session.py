@@ -575,6 +575,11 @@ class Connection:
             except ChannelError as e:
                 self.channel_error(e.channel, e)
                 continue
+            except Exception:
+                log.exception("connection %s: internal error reading its frames", self.id)
+                self.codec.broken = True
+                self.connection_error(ConnectionError_(INTERNAL_ERROR, "internal error"))
+                return
             if ev is NEED_DATA:
                 break
             try:

@@ -508,9 +508,7 @@ class BrokerAPI:
         """
         problem = name_problem(name)
         if problem:
-            raise ChannelError(
-                PRECONDITION_FAILED, f"queue name {name!r} {problem}", QUEUE_DECLARE
-            )
+            raise ChannelError(PRECONDITION_FAILED, f"queue name {name!r} {problem}", QUEUE_DECLARE)
         vh = self._vhost(vhost)
         q, _ = vh.declare_queue(name, durable=durable, arguments=dict(arguments or {}))
         return _queue_info(q)

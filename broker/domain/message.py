@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from broker.codec import properties as props_codec
+
+log = logging.getLogger("broker.message")
 
 
 class MessageIds:
@@ -158,7 +161,16 @@ class Message:
         headers = dict(props.get("application_headers") or {})
         headers["x-delivery-count"] = self.delivery_count
         props["application_headers"] = headers
-        return props_codec.encode(props)
+        try:
+            return props_codec.encode(props)
+        except Exception:  # RecursionError on headers the codec let in before it bounded depth
+            log.warning(
+                "message %d: its properties cannot be re-encoded with x-delivery-count; "
+                "delivered as published",
+                self.id,
+                exc_info=True,
+            )
+            return self.properties
 
     def copy(self) -> Message:
         m = Message.__new__(Message)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("broker.timers")
 
 
 class TimerHandle:
@@ -81,5 +84,8 @@ class Timers:
             handle.cancelled = True
             self.live -= 1
             ran += 1
-            handle.fn(*handle.args)
+            try:
+                handle.fn(*handle.args)
+            except Exception:  # one broken timer must not stop the others due with it
+                log.exception("timer callback %r failed", handle.fn)
         return ran
