@@ -1536,10 +1536,18 @@ class Connection:
     def _confirm_when_durable(self, ch: Channel, seq: int) -> None:
         """Confirm ``seq`` once everything the store has been given so far is on disk."""
         ch.confirm_waiting.append(seq)
-        ch.vhost.store.after_durable(lambda: self._durable_confirm(ch, seq))
+        ch.vhost.store.after_durable(
+            lambda: self._durable_confirm(ch, seq), lambda: self._durable_confirm(ch, -seq)
+        )
 
     def _durable_confirm(self, ch: Channel, seq: int) -> None:
-        waiting = ch.confirm_waiting
+        """``seq`` is on disk (or, negative, could not be written: a nack)."""
+        self._forget_waiting(ch.confirm_waiting, abs(seq))
+        if self.state is OPEN and not ch.closing:
+            self._confirm(ch, seq)
+
+    @staticmethod
+    def _forget_waiting(waiting: deque[int], seq: int) -> None:
         if waiting and waiting[0] == seq:
             waiting.popleft()  # the store runs its callbacks in the order they were given
         else:
@@ -1547,8 +1555,6 @@ class Connection:
                 waiting.remove(seq)
             except ValueError:
                 pass
-        if self.state is OPEN and not ch.closing:
-            self._confirm(ch, seq)
 
     def _write_confirms(self) -> None:
         """Put the due confirms of every channel in ``out``, runs of acks coalesced."""

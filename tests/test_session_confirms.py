@@ -68,7 +68,9 @@ class BatchStore(MemoryStore):
     def __init__(self) -> None:
         self.waiting: list[Callable[[], None]] = []
 
-    def after_durable(self, callback: Callable[[], None]) -> None:
+    def after_durable(
+        self, callback: Callable[[], None], on_failure: Callable[[], None] | None = None
+    ) -> None:
         self.waiting.append(callback)
 
     def commit(self) -> None:

@@ -199,9 +199,13 @@ class Store(Protocol):
 
     def remove_delayed(self, vhost: str, msg: Message) -> None: ...
 
-    def after_durable(self, callback: Callable[[], None]) -> None:
+    def after_durable(
+        self, callback: Callable[[], None], on_failure: Callable[[], None] | None = None
+    ) -> None:
         """Run ``callback`` on the loop once everything submitted before it is on disk
-        (at once for a store that keeps nothing). Callbacks run in the order given."""
+        (at once for a store that keeps nothing). Callbacks run in the order given. When an
+        operation submitted since the previous callback could not be written (its record is
+        unwritable, see docs/durability.md), ``on_failure`` runs instead, if given."""
 
     # ------------------------------------------------------------------ paging
 

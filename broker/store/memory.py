@@ -90,7 +90,9 @@ class MemoryStore:
     def remove_delayed(self, vhost: str, msg: Message) -> None:
         pass
 
-    def after_durable(self, callback: Callable[[], None]) -> None:
+    def after_durable(
+        self, callback: Callable[[], None], on_failure: Callable[[], None] | None = None
+    ) -> None:
         callback()
 
     def paged_ready(self, queue: Queue) -> ReadyList | None:

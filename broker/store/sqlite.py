@@ -130,6 +130,22 @@ class StoreError(ConfigError):
         super().__init__(message, file=str(file))
 
 
+def _is_io_error(exc: BaseException) -> bool:
+    """An error of the disk or the database file (retried, with the store alarm), as opposed
+    to one of a record (left out of its batch)."""
+    if isinstance(exc, OSError):
+        return True
+    return isinstance(exc, sqlite3.Error) and not isinstance(
+        exc,
+        (
+            sqlite3.IntegrityError,
+            sqlite3.InterfaceError,
+            sqlite3.DataError,
+            sqlite3.ProgrammingError,
+        ),
+    )
+
+
 def _table(args: dict[str, Any]) -> bytes:
     raw: bytes = _amqp_dumps("F", [args or {}])
     return raw
@@ -345,6 +361,8 @@ class SQLiteStore:
         self.ops_written = 0
         self.rows_inserted = 0
         self.rows_deleted = 0
+        #: operations left out of a batch because their record could not be written
+        self.records_failed = 0
         self.t_apply = 0.0  # seconds in the writer building and executing batches
         self.t_commit = 0.0  # ...and committing them
         self._thread = threading.Thread(target=self._writer, name="store-writer", daemon=True)
@@ -645,9 +663,11 @@ class SQLiteStore:
     def load_bodies(self, ready: PagedReady, msgs: list[Message]) -> None:
         self._op((_LOAD, ready.qid, [m.id for m in msgs], ready, msgs))
 
-    def after_durable(self, callback: Callable[[], None]) -> None:
+    def after_durable(
+        self, callback: Callable[[], None], on_failure: Callable[[], None] | None = None
+    ) -> None:
         p = self._pending
-        p.append((_CALLBACK, callback))
+        p.append((_CALLBACK, callback, on_failure))
         if len(p) == 1 and self._loop is not None:
             self._loop.call_soon(self._handoff)
 
@@ -786,18 +806,26 @@ class SQLiteStore:
                 return
 
     def _write(self, ops: list[tuple[Any, ...]]) -> None:
+        """Write one batch. An I/O error (disk full, read-only, I/O) keeps the batch and retries
+        it with a growing pause, the store alarm raised meanwhile and cleared once a write
+        succeeds. A record that cannot be written (text SQLite cannot encode, a value out of
+        range, a bug) is not retried: the batch is written again one operation at a time, the
+        failing operations are left out and the confirms waiting on them become nacks."""
         delay = 0.05
         while True:
             try:
-                result = self._apply(ops)
-                break
-            except Exception as exc:  # sqlite3.Error (disk full, I/O) or a bug: never confirm
-                if not isinstance(exc, sqlite3.Error):
-                    log.exception("%s: store write failed", self.file)
                 try:
-                    self._db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
+                    result = self._apply(ops)
+                except Exception as exc:
+                    self._rollback()
+                    if _is_io_error(exc):
+                        raise
+                    result = self._apply_each(ops, exc)
+                break
+            except Exception as exc:  # an I/O error: never confirm, retry
+                self._rollback()
+                if not _is_io_error(exc):  # a bug outside any one record
+                    log.exception("%s: store write failed", self.file)
                 reason = f"store write failed ({exc}); confirms are held until it succeeds"
                 if self._failed is None:
                     log.error("%s: %s", self.file, reason)
@@ -822,6 +850,76 @@ class SQLiteStore:
         if callbacks or pageouts or loads:
             self._call_loop(self._committed, callbacks, pageouts, loads)
 
+    def _rollback(self) -> None:
+        try:
+            self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    def _apply_each(
+        self, ops: list[tuple[Any, ...]], first: BaseException
+    ) -> tuple[list[Any], list[Any], list[Any], list[threading.Event], list[int]]:
+        """The batch again, each operation in its own savepoint: one that raises (other than
+        an I/O error, which propagates) is left out, and the ``after_durable`` callback that
+        follows it runs its ``on_failure`` instead (the publisher's nack)."""
+        db = self._db
+        callbacks: list[Callable[[], None]] = []
+        pageouts: list[Any] = []
+        loads: list[tuple[Any, ...]] = []
+        syncs: list[threading.Event] = []
+        written = [0, 0]
+        failed = 0
+        broken = False  # an operation since the last callback was left out
+        t_start = time.perf_counter()
+        db.execute("BEGIN")
+        for op in ops:
+            if op[0] == _CALLBACK:
+                cb = op[2] if broken and op[2] is not None else op[1]
+                callbacks.append(cb)
+                broken = False
+                continue
+            db.execute("SAVEPOINT one")
+            try:
+                one = self._apply_ops([op])
+            except Exception as exc:
+                if _is_io_error(exc):
+                    raise
+                db.execute("ROLLBACK TO one")
+                db.execute("RELEASE one")
+                failed += 1
+                broken = True
+                if failed == 1:
+                    log.error(
+                        "%s: a record cannot be written (%s: %s); left out of the batch, its "
+                        "publisher is nacked",
+                        self.file,
+                        type(exc).__name__,
+                        exc,
+                    )
+                continue
+            db.execute("RELEASE one")
+            _, p, lo, sy, w = one
+            pageouts.extend(p)
+            loads.extend(lo)
+            syncs.extend(sy)
+            written[0] += w[0]
+            written[1] += w[1]
+        t_commit = time.perf_counter()
+        db.execute("COMMIT")
+        self.t_apply += t_commit - t_start
+        self.t_commit += time.perf_counter() - t_commit
+        self.records_failed += failed
+        if failed:
+            log.warning(
+                "%s: %d of %d operations could not be written and were left out (first: %s: %s)",
+                self.file,
+                failed,
+                len(ops),
+                type(first).__name__,
+                first,
+            )
+        return callbacks, pageouts, self._read_loads(loads), syncs, written
+
     def _call_loop(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop
         if loop is None:
@@ -835,6 +933,21 @@ class SQLiteStore:
         self, ops: list[tuple[Any, ...]]
     ) -> tuple[list[Any], list[Any], list[Any], list[threading.Event], list[int]]:
         """One transaction for a batch; returns what the loop must hear about afterwards."""
+        db = self._db
+        t_start = time.perf_counter()
+        db.execute("BEGIN")
+        callbacks, pageouts, loads, syncs, written = self._apply_ops(ops)
+        t_commit = time.perf_counter()
+        db.execute("COMMIT")
+        self.t_apply += t_commit - t_start
+        self.t_commit += time.perf_counter() - t_commit
+        return callbacks, pageouts, self._read_loads(loads), syncs, written
+
+    def _apply_ops(
+        self, ops: list[tuple[Any, ...]]
+    ) -> tuple[list[Any], list[Any], list[Any], list[threading.Event], list[int]]:
+        """The statements of ``ops`` inside the caller's transaction (adds and removes of one
+        message cancel out); nothing it returns has happened unless it returns."""
         db = self._db
         adds: dict[tuple[int, int], tuple[Any, ...]] = {}
         dels: dict[tuple[int, int], None] = {}
@@ -907,8 +1020,6 @@ class SQLiteStore:
                 db.executemany("DELETE FROM delayed WHERE mid = ?", [(m,) for m in ddels])
                 ddels.clear()
 
-        t_start = time.perf_counter()
-        db.execute("BEGIN")
         for op in ops:
             kind = op[0]
             if kind == _ADD:
@@ -945,10 +1056,11 @@ class SQLiteStore:
                 for sql, params in op[1]:
                     db.execute(sql, params)
         flush()
-        t_commit = time.perf_counter()
-        db.execute("COMMIT")
-        self.t_apply += t_commit - t_start
-        self.t_commit += time.perf_counter() - t_commit
+        return callbacks, pageouts, loads, syncs, written
+
+    def _read_loads(self, loads: list[tuple[Any, ...]]) -> list[Any]:
+        """Bodies asked for by page-in operations, read after the commit."""
+        db = self._db
         results = []
         for _, qid, mids, ready, msgs in loads:
             found: dict[int, bytes] = {}
@@ -962,7 +1074,7 @@ class SQLiteStore:
                     )
                 )
             results.append((ready, msgs, [found.get(mid) for mid in mids]))
-        return callbacks, pageouts, results, syncs, written
+        return results
 
     def _committed(
         self,

@@ -459,6 +459,70 @@ def test_a_write_failure_holds_confirms_under_an_alarm_until_a_write_succeeds(
     assert len(alarms) == 2 and "disk I/O error" in (alarms[0] or "") and alarms[1] is None
 
 
+def test_a_record_that_cannot_be_written_fails_alone(world: World) -> None:
+    """A message whose text SQLite cannot encode (a lone surrogate, as the codec now refuses
+    at the edge) is left out of its batch and its confirm becomes a failure; the records around
+    it are written, no alarm is raised, and the writer does not retry the batch."""
+    alarms: list[str | None] = []
+    world.store.attach(world.clock, alarms.append)
+    world.vh.declare_queue("q", durable=True)
+    world.sync()
+    outcome: list[str] = []
+    world.publish("q", b"before")
+    world.store.after_durable(lambda: outcome.append("ok before"), lambda: outcome.append("nack"))
+    # a routing key the codec refuses now, delivered straight to the queue (as a bug could)
+    poison = Message.from_publish(
+        world.vh.ids.next(),
+        "",
+        "poison-\ud800",
+        P.encode({"delivery_mode": 2}),
+        b"poison",
+        6,
+        world.clock.monotonic(),
+        world.clock.time(),
+    )
+    world.vh.deliver_to_queues([world.vh.queues["q"]], poison)
+    world.store.after_durable(lambda: outcome.append("ok poison"), lambda: outcome.append("failed"))
+    world.publish("q", b"after")
+    world.store.after_durable(lambda: outcome.append("ok after"), lambda: outcome.append("nack"))
+    world.sync()
+    assert outcome == ["ok before", "failed", "ok after"]
+    assert alarms == []
+    assert world.store.records_failed == 1
+    assert world.rows("SELECT body FROM messages ORDER BY seq") == [(b"before",), (b"after",)]
+    # the writer goes on as usual
+    world.publish("q", b"later")
+    fired: list[int] = []
+    world.store.after_durable(lambda: fired.append(1))
+    world.sync()
+    assert fired == [1] and world.rows()[0][0] == 3
+
+
+def test_an_io_error_in_the_one_by_one_pass_is_retried_under_the_alarm(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alarms: list[str | None] = []
+    world.store.attach(world.clock, alarms.append)
+    world.vh.declare_queue("q", durable=True)
+    world.sync()
+    real = world.store._apply_ops
+    failures = [sqlite3.OperationalError("database or disk is full"), ValueError("bad record")]
+
+    def flaky(ops: list[tuple[Any, ...]]) -> Any:
+        if failures:
+            raise failures.pop()
+        return real(ops)
+
+    monkeypatch.setattr(world.store, "_apply_ops", flaky)
+    world.publish("q", b"x")
+    fired: list[str] = []
+    world.store.after_durable(lambda: fired.append("ok"), lambda: fired.append("nack"))
+    world.sync()
+    assert fired == ["ok"]  # the I/O error kept the batch; the retry wrote it
+    assert len(alarms) == 2 and "disk is full" in (alarms[0] or "") and alarms[1] is None
+    assert world.rows()[0][0] == 1
+
+
 # --------------------------------------------------------------------------- refusing stores
 
 
