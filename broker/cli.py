@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("broker")
 
@@ -31,21 +33,44 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"plugbroker: {exc}", file=sys.stderr)
         return 2
 
+    # Until the loop's handlers are in place a signal only leaves a note: SIGHUP's default
+    # action would end the process (exit 129) while the store is being recovered.
+    early: list[int] = []
+    previous = _note_signals(early)
+
     async def main() -> int:
+        from broker.server import install_signal_handlers
+
         log.info("event loop: %s", loop_name)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        running: Any = None
+
+        def reload() -> None:
+            if running is None:
+                log.warning("SIGHUP while starting: the configuration is read once started")
+                return
+            running.reload()
+
+        # before the store is opened and recovered: from here the loop takes the signals
+        # (they are handled once recovery, which holds the loop, is done)
+        install_signal_handlers(loop, stop.set, reload)
+        for sig in early:
+            if sig == signal.SIGHUP:
+                log.warning("SIGHUP while starting: ignored")
+            else:
+                log.warning("%s while starting: stopping once started", signal.Signals(sig).name)
+                stop.set()
         try:
-            running = await start_broker(path, host=args.host, port=args.port)
+            running = await start_broker(
+                path, host=args.host, port=args.port, accept_store_loss=args.accept_store_loss
+            )
         except (ConfigError, PluginError) as exc:
             print(f"plugbroker: {exc}", file=sys.stderr)
             return 2
         except OSError as exc:
             print(f"plugbroker: cannot listen: {exc}", file=sys.stderr)
             return 1
-        from broker.server import install_signal_handlers
-
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        install_signal_handlers(loop, stop.set, lambda: running.reload())
         where = f"{running.server.host}:{running.port}"
         if running.tls_port is not None and running.server.plain:
             where += f", amqps on port {running.tls_port}"
@@ -58,8 +83,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.info("stopped")
         return 0
 
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(main())
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(main())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _note_signals(early: list[int]) -> dict[int, Any]:
+    """Record SIGHUP, SIGTERM and SIGINT in ``early`` instead of acting on them; returns the
+    handlers they had."""
+
+    def note(sig: int, _frame: Any) -> None:
+        early.append(sig)
+
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.getsignal(sig)
+        signal.signal(sig, note)
+    return previous
 
 
 def cmd_hash_password(args: argparse.Namespace) -> int:
@@ -185,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "asyncio", "uvloop"],
         help="event loop: auto (default; uvloop when installed), asyncio or uvloop; "
         "also PLUGBROKER_LOOP",
+    )
+    r.add_argument(
+        "--accept-store-loss",
+        action="store_true",
+        help="start even if the store's integrity checks find lost data (logged); "
+        'as <store acceptLoss="true">, for one start',
     )
     r.set_defaults(func=cmd_run)
     c = sub.add_parser("check-config", help="validate a configuration and show what applies where")

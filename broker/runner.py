@@ -207,8 +207,12 @@ async def start_broker(
     clock: Clock | None = None,
     config: BrokerConfig | None = None,
     housekeeping: bool = True,
+    accept_store_loss: bool = False,
 ) -> Running:
-    """Load config and plugins, open the store, listen, start housekeeping."""
+    """Load config and plugins, open the store, listen, start housekeeping.
+
+    :param accept_store_loss: start even if the store lost data (``--accept-store-loss``).
+    """
     path = Path(config_path) if config_path is not None else None
     plugins, registry = load_plugins(path)
     if config is None:
@@ -224,7 +228,7 @@ async def start_broker(
     # certificates load before the store opens: a file that does not load stops the start here
     tls = tls_listener(config)
     admin_ctx = admin_ssl_context(config)
-    store = open_store(config)
+    store = open_store(config, accept_loss=accept_store_loss)
     b = Broker(config, clock=clock, hooks=plugins, store=store)
     store.attach(b.clock, b.set_alarm)
     recover(store, b.vhosts, clock=b.clock, ids=b.ids)
@@ -329,8 +333,11 @@ def period_for(config: BrokerConfig, key: str) -> float | None:
     return min(found) if found else None
 
 
-def open_store(config: BrokerConfig) -> Store:
-    """The durable store named by ``<store path>`` (nothing durable without one)."""
+def open_store(config: BrokerConfig, *, accept_loss: bool = False) -> Store:
+    """The durable store named by ``<store path>`` (nothing durable without one).
+
+    :param accept_loss: start even if the store lost data (as ``<store acceptLoss="true">``).
+    """
     from broker.store import MemoryStore
 
     if config.store_path is None:
@@ -346,7 +353,9 @@ def open_store(config: BrokerConfig) -> Store:
 
     # the environment variable wins, so a soak or benchmark can switch without editing the file
     return SQLiteStore(
-        config.store_path, synchronous=os.environ.get(SYNC_ENV) or config.store_sync.upper()
+        config.store_path,
+        synchronous=os.environ.get(SYNC_ENV) or config.store_sync.upper(),
+        accept_loss=accept_loss or config.store_accept_loss,
     )
 
 

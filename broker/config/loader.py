@@ -206,6 +206,7 @@ class _Loader:
     def _store(self, el: Any, values: dict[str, Any]) -> None:
         values["store_path"] = Path(el.get("path"))
         values["store_sync"] = (el.get("sync") or "normal").strip().lower()
+        values["store_accept_loss"] = (el.get("acceptLoss") or "false").strip() in XML_TRUE
 
     def _journal(self, el: Any, values: dict[str, Any]) -> None:
         values["journal_path"] = Path(el.get("path"))

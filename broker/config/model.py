@@ -529,6 +529,9 @@ class BrokerConfig:
     store_path: Path | None = None
     #: ``normal`` (survives kill -9) or ``full`` (also survives power loss); see durability.md
     store_sync: str = "normal"
+    #: ``<store acceptLoss="true">``: start even if the store lost data (logged); see
+    #: docs/operations.md, "Store integrity at start"
+    store_accept_loss: bool = False
     users: Mapping[str, User] = field(default_factory=default_users)
     housekeeping_threads: int = 4
     #: seconds

@@ -30,6 +30,7 @@ the domain makes per message.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import sqlite3
@@ -69,6 +70,8 @@ log = logging.getLogger("broker.store")
 SCHEMA_VERSION = 1
 DB_NAME = "plugbroker.db"
 LOCK_NAME = "LOCK"
+#: beside the database: a store exists here, did the broker stop cleanly, what did it hold
+MARKER_NAME = "plugbroker.state"
 
 #: ``synchronous`` pragma: NORMAL survives kill -9 (the WAL is in the OS page cache once
 #: committed); FULL also survives power loss (fsync per commit). See docs/durability.md.
@@ -319,10 +322,17 @@ class SQLiteStore:
 
     durable = True
 
-    def __init__(self, path: str | Path, *, synchronous: str | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, synchronous: str | None = None, accept_loss: bool = False
+    ) -> None:
         self.dir = Path(path)
         self.file = self.dir / DB_NAME
+        self.marker = self.dir / MARKER_NAME
+        #: start even if the integrity checks find data lost (logging what was lost)
+        self.accept_loss = accept_loss
         self._reader: sqlite3.Connection | None = None
+        #: what the integrity checks found lost, when started with ``accept_loss``
+        self.lost: list[str] = []
         self.synchronous = (synchronous or os.environ.get(SYNC_ENV) or DEFAULT_SYNCHRONOUS).upper()
         if self.synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise StoreError(f"unknown synchronous mode {self.synchronous!r}", file=self.file)
@@ -332,8 +342,23 @@ class SQLiteStore:
             raise StoreError(f"cannot create the store directory: {exc}", file=self.dir) from None
         self._lock_fd = self._lock()
         try:
-            self._db = self._open()
-            self._load_ids()
+            marker = self._read_marker()
+            self._check_files(marker)
+            try:
+                self._db = self._open(expect_data=marker is not None)
+            except StoreError:
+                if not self.lost:
+                    raise
+                # the loss is accepted and what is left does not open: keep it aside, start empty
+                self._move_aside()
+                self._db = self._open()
+            try:
+                self._check_contents(marker)
+                self._load_ids()
+                self._write_marker("running")
+            except BaseException:
+                self._db.close()
+                raise
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -385,7 +410,157 @@ class SQLiteStore:
             ) from None
         return fd
 
-    def _open(self) -> sqlite3.Connection:
+    # ------------------------------------------------------------------ integrity at start
+    #
+    # A marker file beside the database (MARKER_NAME) says that a store exists here, whether
+    # the broker using it stopped cleanly, and what it held then. SQLite alone cannot tell a
+    # database that lost its data (a 0-byte or truncated file, a write-ahead log deleted after a
+    # crash) from a new one; the marker can, so such a store is refused instead of silently
+    # starting with less. ``accept_loss`` starts anyway and logs what was lost.
+
+    def _read_marker(self) -> dict[str, Any] | None:
+        try:
+            text = self.marker.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read the store marker: {exc}", file=self.marker) from None
+        try:
+            marker = json.loads(text)
+            if not isinstance(marker, dict) or marker.get("state") not in ("running", "stopped"):
+                raise ValueError("no state")
+        except ValueError:
+            self._loss(
+                f"the store marker {self.marker.name} is damaged ({text[:60]!r}), so whether "
+                "data was lost cannot be told",
+                None,
+            )
+            return None
+        return marker
+
+    def _write_marker(self, state: str) -> None:
+        """Write the marker atomically (temporary file, fsync, rename, fsync the directory)."""
+        counts = self._counts()
+        marker = {
+            "state": state,
+            "since": time.time(),
+            "pid": os.getpid(),
+            "queues": counts[0],
+            "messages": counts[1],
+            "db_bytes": self.file.stat().st_size,
+        }
+        tmp = self.marker.with_name(self.marker.name + ".tmp")
+        try:
+            with open(tmp, "w") as f:
+                json.dump(marker, f)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.marker)
+            fd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreError(f"cannot write the store marker: {exc}", file=self.marker) from None
+
+    def _counts(self) -> tuple[int, int]:
+        db = self._db
+        queues = db.execute("SELECT count(*) FROM queues").fetchone()[0]
+        messages = db.execute("SELECT count(*) FROM messages").fetchone()[0]
+        return int(queues), int(messages)
+
+    def _loss(self, problem: str, marker: dict[str, Any] | None) -> None:
+        """Refuse to start over ``problem``, or with ``accept_loss`` log it and carry on."""
+        held = ""
+        if marker is not None:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(marker.get("since", 0)))
+            how = "stopped cleanly" if marker["state"] == "stopped" else "started"
+            held = (
+                f" (when the broker last {how}, at {when}, it held {marker.get('queues', '?')} "
+                f"durable queues and {marker.get('messages', '?')} persistent messages)"
+            )
+        if not self.accept_loss:
+            raise StoreError(
+                f"{problem}{held}; refusing to start. To start anyway with what is left, "
+                'accepting the loss, set <store acceptLoss="true"> for one start (or run with '
+                "--accept-store-loss)",
+                file=self.file,
+            )
+        log.warning("%s: %s%s; starting anyway (acceptLoss)", self.file, problem, held)
+        self.lost.append(problem)
+
+    def _move_aside(self) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for suffix in ("", "-wal", "-shm"):
+            f = self.file.with_name(DB_NAME + suffix)
+            if f.exists():
+                dest = f.with_name(f"{DB_NAME}.damaged-{stamp}{suffix}")
+                f.rename(dest)
+                log.warning("%s: does not open; moved aside to %s (acceptLoss)", f, dest.name)
+        self.lost.append("the damaged database was moved aside; the store starts empty")
+
+    def _check_files(self, marker: dict[str, Any] | None) -> None:
+        """Before SQLite opens (and would create) the file: missing, empty, truncated, a lost
+        write-ahead log, a read-only file."""
+        if self.file.exists() and not self.file.stat().st_mode & 0o222:
+            raise StoreError(
+                "the store file is read-only; a broker could not write a persistent message "
+                "to it — make it writable (chmod u+w) or point <store path> elsewhere",
+                file=self.file,
+            )
+        if marker is None:
+            return
+        size = self.file.stat().st_size if self.file.exists() else -1
+        if size < 0:
+            self._loss(f"{DB_NAME} is missing though its marker says a store was here", marker)
+        elif size == 0:
+            self._loss(f"{DB_NAME} is empty (0 bytes) though its marker says it held data", marker)
+        elif size < int(marker.get("db_bytes", 0)):
+            self._loss(
+                f"{DB_NAME} is truncated: {size} bytes, {marker['db_bytes']} when the marker "
+                "was written (it never shrinks)",
+                marker,
+            )
+        wal = self.file.with_name(DB_NAME + "-wal")
+        if size > 0 and marker["state"] == "running" and not wal.exists():
+            self._loss(
+                f"the broker did not stop cleanly and the write-ahead log {wal.name} is "
+                "missing: what was committed since the last checkpoint is lost",
+                marker,
+            )
+
+    def _check_contents(self, marker: dict[str, Any] | None) -> None:
+        """After opening: writable (a read-only mount), and no fewer rows than at the last
+        clean stop."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('opened', ?)", (repr(time.time()),)
+            )
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise StoreError(
+                f"the store cannot be written ({exc}); refusing to start — make it writable "
+                "or point <store path> elsewhere",
+                file=self.file,
+            ) from None
+        if marker is None or marker["state"] != "stopped":
+            return
+        queues, messages = self._counts()
+        if queues < int(marker.get("queues", 0)) or messages < int(marker.get("messages", 0)):
+            self._loss(
+                f"the store holds {queues} durable queues and {messages} persistent messages, "
+                "fewer than at its last clean stop",
+                marker,
+            )
+
+    def _open(self, *, expect_data: bool = False) -> sqlite3.Connection:
         existed = self.file.exists() and self.file.stat().st_size > 0
         try:
             db = sqlite3.connect(str(self.file), isolation_level=None, check_same_thread=False)
@@ -405,6 +580,8 @@ class SQLiteStore:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if version == 0 and not tables:
+                if expect_data and not self.lost:
+                    self._loss(f"{DB_NAME} has no tables though its marker says it held data", None)
                 if existed:
                     log.info("store %s is empty; creating the layout", self.file)
                 self._create(db)
@@ -1128,8 +1305,11 @@ class SQLiteStore:
             if self._reader is not None:
                 self._reader.close()
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            stopped = self._failed is None
+            if stopped:
+                self._write_marker("stopped")
             self._db.close()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, StoreError) as exc:
             log.warning("%s: closing the store: %s", self.file, exc)
         os.close(self._lock_fd)
         log.info(

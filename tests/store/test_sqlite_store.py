@@ -6,6 +6,8 @@ the writer, and :meth:`FakeLoop.run` runs the callbacks the writer posted back.
 
 from __future__ import annotations
 
+import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -56,6 +58,7 @@ class World:
     def __init__(self, path: Path, clock: ManualClock) -> None:
         self.path = path
         self.clock = clock
+        self.zombies: list[sqlite3.Connection] = []
         self.open()
 
     def open(self) -> None:
@@ -81,7 +84,9 @@ class World:
             self.store._stopping = True
             self.store._wake.set()
             self.store._thread.join(5)
-            self.store._db.close()
+            # a killed process never closes SQLite (closing the last connection would
+            # checkpoint and delete the write-ahead log): keep it open until the end
+            self.zombies.append(self.store._db)
             import os
 
             os.close(self.store._lock_fd)
@@ -130,6 +135,8 @@ def world(tmp_path: Path) -> Any:
     w = World(tmp_path / "store", ManualClock())
     yield w
     w.store.close()
+    for db in w.zombies:
+        db.close()
 
 
 def bodies(q: Any) -> list[bytes]:
@@ -603,3 +610,102 @@ def test_older_layout_is_migrated_or_refused(
 def test_second_broker_on_the_same_store_is_refused(world: World) -> None:
     with pytest.raises(StoreError, match="in use by another broker"):
         SQLiteStore(world.path)
+
+
+# --------------------------------------------------------------------------- integrity at start
+
+
+def _filled(world: World, n: int = 50) -> Path:
+    world.vh.declare_queue("q", durable=True)
+    for i in range(n):
+        world.publish("q", f"m{i}".encode())
+    world.sync()
+    return world.path / S.DB_NAME
+
+
+def _refusal(path: Path, *words: str) -> str:
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(path)
+    text = str(info.value)
+    for w in (*words, "acceptLoss", "--accept-store-loss"):
+        assert w in text, text
+    return text
+
+
+def test_a_clean_stop_leaves_a_marker_and_reopens(world: World) -> None:
+    _filled(world)
+    world.restart()
+    marker = json.loads((world.path / S.MARKER_NAME).read_text())
+    assert marker["state"] == "running"  # reopened by restart()
+    world.store.close()
+    marker = json.loads((world.path / S.MARKER_NAME).read_text())
+    assert (marker["state"], marker["queues"], marker["messages"]) == ("stopped", 1, 50)
+    world.open()
+    assert len(world.vh.queues["q"].ready) == 50
+
+
+@pytest.mark.parametrize("damage", ["empty", "missing", "truncated", "rows"])
+def test_a_store_that_lost_data_is_refused_unless_the_loss_is_accepted(
+    world: World, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = _filled(world, 300)
+    world.store.close()
+    if damage == "empty":
+        db.write_bytes(b"")
+        words: tuple[str, ...] = ("empty (0 bytes)", "300 persistent messages")
+    elif damage == "missing":
+        db.unlink()
+        words = ("missing",)
+    elif damage == "truncated":
+        data = db.read_bytes()
+        db.write_bytes(data[: len(data) // 2])
+        words = ("truncated",)
+    else:
+        con = sqlite3.connect(str(db))
+        con.execute("DELETE FROM messages WHERE mid % 2 = 0")
+        con.commit()
+        con.close()
+        words = ("fewer than at its last clean stop",)
+    _refusal(world.path, *words)
+    caplog.set_level(logging.WARNING, logger="broker.store")
+    store = SQLiteStore(world.path, accept_loss=True)
+    try:
+        assert store.lost
+        assert any("starting anyway (acceptLoss)" in r.getMessage() for r in caplog.records)
+        assert any("300 persistent messages" in r.getMessage() for r in caplog.records)
+    finally:
+        store.close()
+    # the loss was accepted once: the next start is an ordinary one
+    SQLiteStore(world.path).close()
+
+
+def test_a_lost_write_ahead_log_after_a_crash_is_refused(world: World) -> None:
+    _filled(world)
+    world.restart(graceful=False)  # kill -9: the marker still says running, the WAL is there
+    assert len(world.vh.queues["q"].ready) == 50  # a crash with its WAL recovers everything
+    world.restart(graceful=False)
+    wal = world.path / (S.DB_NAME + "-wal")
+    assert wal.exists()
+    world.store.close()  # what a real kill leaves is simulated with the zombie connections
+    for z in world.zombies:
+        z.close()
+    world.zombies.clear()
+    marker = json.loads((world.path / S.MARKER_NAME).read_text())
+    marker["state"] = "running"  # as after kill -9
+    (world.path / S.MARKER_NAME).write_text(json.dumps(marker))
+    wal.unlink(missing_ok=True)
+    _refusal(world.path, "did not stop cleanly", "write-ahead log")
+    world.store = SQLiteStore(world.path, accept_loss=True)
+
+
+def test_a_read_only_store_is_refused_at_start(world: World) -> None:
+    db = _filled(world)
+    world.store.close()
+    db.chmod(0o444)
+    try:
+        with pytest.raises(StoreError) as info:
+            SQLiteStore(world.path)
+        assert "read-only" in str(info.value)
+    finally:
+        db.chmod(0o644)
+    world.open()

@@ -72,6 +72,7 @@ class Harness:
         self.path = path
         self.clock = ManualClock()
         self.alarms: list[str | None] = []
+        self.zombies: list[Any] = []
         # the domain objects the store is told about live in a vhost that has no store: the
         # test calls the store under test itself
         self.vh = VirtualHost("/", clock=self.clock, timers=Timers(self.clock))
@@ -102,7 +103,9 @@ class Harness:
             store._stopping = True
             store._wake.set()
             store._thread.join(5)
-            store._db.close()
+            # a killed process never closes SQLite (closing the last connection would
+            # checkpoint and delete the write-ahead log): kept open until the end
+            self.zombies.append(store._db)
             import os
 
             os.close(store._lock_fd)
@@ -159,6 +162,8 @@ def h(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     harness = Harness(IMPLEMENTATIONS[request.param], tmp_path / "store")
     yield harness
     harness.store.close()
+    for db in harness.zombies:
+        db.close()
 
 
 def durable_only(h: Harness) -> None:
