@@ -8,10 +8,12 @@ import os
 import random
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import amqp
 import kombu
 import pytest
 from rawclient import (
@@ -19,11 +21,13 @@ from rawclient import (
     Closed,
     RawClient,
     body_frame,
+    deep_header_properties,
     frame,
     header_frame,
     heartbeat_frame,
     method_frame,
     method_payload,
+    nested_table,
     plain_response,
     properties_bytes,
     publish_frames,
@@ -593,6 +597,34 @@ def _valid_frames(rng: random.Random, n: int) -> list[bytes]:
         lambda: method_frame(1, "exchange.delete", 0, "fz-ex", False, False),
         lambda: heartbeat_frame(),
     ]
+    # hostile names and tables: not UTF-8 (a lone surrogate as py-amqp sends it, bytes that
+    # do not decode) and tables nested past the bound, in durable declarations and persistent
+    # publishes, so that they would reach the store if the edge let them through
+    bad_name = rng.choice(
+        [
+            "fz-\ud800".encode("utf-8", "surrogatepass"),
+            b"fz-\xff\xfe",
+            "fz-\udfff-k".encode("utf-8", "surrogatepass"),
+        ]
+    )
+    depth = rng.choice([2, 100, 101, 700])
+
+    def _declare_raw(name: bytes, table: bytes) -> bytes:
+        # queue.declare: reserved, queue, bits (durable), arguments
+        return frame(
+            1, 1, struct.pack(">HHH", 50, 10, 0) + bytes([len(name)]) + name + b"\x02" + table
+        )
+
+    def _bind_raw(key: bytes) -> bytes:
+        payload = struct.pack(">HHH", 50, 20, 0) + b"\x04fz-0" + b"\x09amq.topic"
+        return frame(1, 1, payload + bytes([len(key)]) + key + b"\x00" + b"\x00\x00\x00\x00")
+
+    choices += [
+        lambda: _declare_raw(bad_name, b"\x00\x00\x00\x00"),
+        lambda: _declare_raw(b"fz-deep", nested_table(depth, arrays=rng.random() < 0.5)),
+        lambda: _bind_raw(bad_name),
+        lambda: publish_frames(1, "", q, body, deep_header_properties(depth), frame_max=4096),
+    ]
     #: valid frames that often end the connection (or the channel): rarer, to get deeper
     rare: list[Callable[[], bytes]] = [
         lambda: method_frame(rng.choice([1, 2]), "channel.close", 200, "", 0, 0),
@@ -666,7 +698,70 @@ def _drain(c: RawClient, marker: int, timeout: float, seen: dict[str, int]) -> N
         seen["quiet"] = seen.get("quiet", 0) + 1
 
 
-def test_fuzz_frames_then_a_normal_client_still_works(broker: Any) -> None:
+class _Bystander(threading.Thread):
+    """Another connection publishing persistent messages with confirms into its own durable
+    queue for as long as the fuzz runs; every publish must be confirmed."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(name="bystander", daemon=True)
+        self.port = port
+        self.stop = threading.Event()
+        self.confirmed = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            conn = amqp.Connection(
+                f"127.0.0.1:{self.port}", userid="guest", password="guest", confirm_publish=True
+            )
+            conn.connect()
+            try:
+                ch = conn.channel()
+                ch.queue_declare("fuzz-bystander", durable=True, auto_delete=False)
+                while not self.stop.is_set() and self.confirmed < 100_000:
+                    # returns once acked; raises on a nack, a close or after 5 s without one
+                    ch.basic_publish(
+                        amqp.Message(f"b{self.confirmed}", delivery_mode=2),
+                        "",
+                        "fuzz-bystander",
+                        timeout=5,
+                    )
+                    self.confirmed += 1
+                    self.stop.wait(0.01)
+                _, count, _ = ch.queue_declare("fuzz-bystander", passive=True)
+                if count != self.confirmed:
+                    raise AssertionError(f"{count} messages queued, {self.confirmed} confirmed")
+            finally:
+                conn.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["memory", "sqlite"])
+def test_fuzz_frames_then_a_normal_client_still_works(
+    broker_factory: Any, store: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker = broker_factory(store=store)
+    bystander = _Bystander(broker.port)
+    bystander.start()
+    try:
+        _fuzz(broker)
+    finally:
+        bystander.stop.set()
+        bystander.join(30)
+    assert not bystander.is_alive()
+    assert bystander.error is None, repr(bystander.error)
+    assert bystander.confirmed > 10
+    # the hostile names and tables were among what the mix sent, and were refused at the edge
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("502" in m and "not valid UTF-8" in m for m in logged)
+    assert any("502" in m and "deeper than 100" in m for m in logged)
+    if store:
+        assert broker.call(lambda: broker.broker.alarm) is None
+        assert broker.call(lambda: broker.broker.store.records_failed) == 0
+
+
+def _fuzz(broker: Any) -> None:
     # FUZZ_SEED=n runs another deterministic mix (for hunting); the default is fixed
     rng = random.Random(int(os.environ.get("FUZZ_SEED", "20240501")))
     t_end = time.monotonic() + 15.0
@@ -746,7 +841,7 @@ def test_fuzz_frames_then_a_normal_client_still_works(broker: Any) -> None:
 
     # the loop is responsive and every fuzz connection goes away
     assert broker.call(lambda: 42) == 42
-    _wait_drained(broker, timeout=10)
+    _wait_drained(broker, timeout=10, expect=1)  # the bystander stays
 
     # and a normal client works
     got = []
@@ -756,7 +851,7 @@ def test_fuzz_frames_then_a_normal_client_still_works(broker: Any) -> None:
         with conn.Consumer(q, callbacks=[lambda body, m: (got.append(body), m.ack())]):
             conn.drain_events(timeout=5)
     assert got == [{"n": conns}]
-    _wait_drained(broker)
+    _wait_drained(broker, expect=1)
 
 
 def test_half_frames_and_resets(broker: Any) -> None:
