@@ -64,6 +64,8 @@ _ACK_FRAME = struct.Struct(">BHIHHQBB")
 _HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 #: content properties shorter than this cannot hold headers nested past MAX_DEPTH
 _DEEP_MIN: Final = MAX_DEPTH * MIN_LEVEL_BYTES
+#: ...and a content header frame (12 bytes before its properties) no longer than this
+_DEEP_HEADER_FRAME: Final = 12 + _DEEP_MIN
 
 
 def _check_headers_depth(properties: bytes) -> None:
@@ -372,6 +374,8 @@ class ServerCodec:
             or buf[end] != FRAME_END
         ):
             return None
+        if size > _DEEP_HEADER_FRAME:
+            return None  # long properties: the frame-by-frame path checks the headers' depth
         class_id, _weight, body_size = _CONTENT_HDR.unpack_from(buf, pos + 7)
         if class_id != BASIC_CLASS or body_size > self.max_message_size:
             return None
@@ -396,9 +400,6 @@ class ServerCodec:
         else:
             body = b""
             self._pos = end + 1
-        properties = bytes(buf[pos + 19 : end])
-        if len(properties) > _DEEP_MIN:
-            _check_headers_depth(properties)
         return _publish_event(
             channel,
             exchange,
@@ -406,7 +407,7 @@ class ServerCodec:
             bool(bits & 1),
             bool(bits & 2),
             body_size,
-            properties,
+            bytes(buf[pos + 19 : end]),
             body,
         )
 
