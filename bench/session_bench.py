@@ -8,6 +8,10 @@ Two measurements, each the best of ``--repeat`` runs over ``--count`` messages:
   :class:`broker.app.Broker` on a manual clock. ``publish`` feeds the publishes (parse, dispatch,
   route, enqueue); ``deliver`` starts a consumer and runs the turn that delivers them all;
   ``ack`` feeds one ``basic.ack`` per delivery. µs per message.
+* ``requeue``: the same queue delivered to a consumer that is then cancelled; ``reject`` feeds
+  one ``basic.reject`` with requeue per delivery, in delivery order (each message goes back to
+  its original position, behind the ones requeued before it); ``redeliver`` starts a consumer
+  and runs the turn that delivers them all again. µs per message.
 
 Times are process CPU time (``time.process_time``), so other work on a shared machine inflates
 them less than wall time would.
@@ -140,6 +144,40 @@ def session_us(count: int, user: str = "guest") -> dict[str, float]:
     return out
 
 
+def requeue_us(count: int) -> dict[str, float]:
+    broker = Broker(parse_config(CONFIG), clock=ManualClock())
+    conn = Connection(broker, _Transport(), "127.0.0.1:5672")
+    _feed(
+        conn,
+        b"AMQP\x00\x00\x09\x01"
+        + _method(0, "connection.start_ok", {}, "PLAIN", b"\x00guest\x00guest", "en_US")
+        + _method(0, "connection.tune_ok", 2047, 131072, 0)
+        + _method(0, "connection.open", "/", "", False)
+        + _method(1, "channel.open", "")
+        + _method(1, "queue.declare", 0, "bench", False, False, False, False, False, {}),
+    )
+    _feed(conn, b"".join(_publish(1, "bench") for _ in range(count)))
+    broker.end_of_turn()
+    _feed(conn, _method(1, "basic.consume", 0, "bench", "c1", False, False, False, False, {}))
+    broker.end_of_turn()
+    _feed(conn, _method(1, "basic.cancel", "c1", False))
+    broker.end_of_turn()
+    rejects = b"".join(_method(1, "basic.reject", tag, True) for tag in range(1, count + 1))
+    out: dict[str, float] = {}
+    t0 = time.process_time()
+    _feed(conn, rejects)
+    broker.end_of_turn()
+    out["reject"] = (time.process_time() - t0) / count * 1e6
+    q = broker.vhosts["/"].queues["bench"]
+    assert q.ready_count == count, q.ready_count
+    t0 = time.process_time()
+    _feed(conn, _method(1, "basic.consume", 0, "bench", "c2", False, False, False, False, {}))
+    broker.end_of_turn()
+    out["redeliver"] = (time.process_time() - t0) / count * 1e6
+    assert not q.ready_count and len(conn.channels[1].unacked) == count
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--count", type=int, default=20000)
@@ -162,6 +200,11 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"session publish {best['publish']:8.2f} µs/msg   deliver {best['deliver']:8.2f} µs/msg"
         f"   ack {best['ack']:8.2f} µs/msg"
+    )
+    runs = [requeue_us(a.count) for _ in range(a.repeat)]
+    best = {k: min(r[k] for r in runs) for k in runs[0]}
+    print(
+        f"requeue reject  {best['reject']:8.2f} µs/msg   redeliver {best['redeliver']:6.2f} µs/msg"
     )
 
 

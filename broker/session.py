@@ -182,6 +182,7 @@ class Channel:
         "conn",
         "connection_id",
         "consumers",
+        "deferred_cancels",
         "flow",
         "id",
         "moved",
@@ -221,6 +222,9 @@ class Channel:
         self.moved: dict[int, tuple[Message, Queue, Consumer]] = {}
         #: queues this channel polled with basic.get (forgotten when it closes)
         self.polled: dict[int, Queue] = {}
+        #: while this channel runs queue.delete: the tags of its own consumers the delete
+        #: cancels, told to the client after queue.delete-ok (as RabbitMQ orders them)
+        self.deferred_cancels: list[str] | None = None
         self._hooks = conn.broker.hooks
 
     # ------------------------------------------------------------ ConsumerChannel
@@ -286,7 +290,10 @@ class Channel:
         if self.consumers.pop(consumer.tag, None) is None:
             return
         if self.conn.client_caps.get("consumer_cancel_notify") and not self.closing:
-            self.conn.send(self.id, "basic.cancel", consumer.tag, True)
+            if self.deferred_cancels is not None:
+                self.deferred_cancels.append(consumer.tag)
+            else:
+                self.conn.send(self.id, "basic.cancel", consumer.tag, True)
         self._consumer_gone(consumer, "queue-deleted")
 
     # ------------------------------------------------------------ helpers
@@ -1146,17 +1153,26 @@ class Connection:
         vh = ch.vhost
         q = vh.queues.get(m.queue)
         n = 0
+        cancels: list[str] = []
         if q is not None:
             vh._check_owner(q, self.id, QUEUE_DELETE)
-            n = vh.delete_queue(
-                q,
-                reason="client",
-                detail=f"queue.delete on connection {self.id}",
-                if_unused=m.if_unused,
-                if_empty=m.if_empty,
-            )
+            ch.deferred_cancels = cancels
+            try:
+                n = vh.delete_queue(
+                    q,
+                    reason="client",
+                    detail=f"queue.delete on connection {self.id}",
+                    if_unused=m.if_unused,
+                    if_empty=m.if_empty,
+                )
+            finally:
+                ch.deferred_cancels = None
         if not m.nowait:
             self.send(ch.id, "queue.delete_ok", n)
+        # the queue's other consumers on this channel hear of it after the reply, as from
+        # RabbitMQ (py-amqp would otherwise raise ConsumerCancelled inside queue_delete)
+        for tag in cancels:
+            self.send(ch.id, "basic.cancel", tag, True)
 
     # ================================================================ basic class
 
@@ -1328,9 +1344,7 @@ class Connection:
             self.check("write", "exchange", ev.exchange, BASIC_PUBLISH)
             self._may_publish.add(ev.exchange)
         if ev.immediate:
-            raise ConnectionError_(
-                NOT_IMPLEMENTED, "immediate=true is not supported", BASIC_PUBLISH
-            )
+            raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", BASIC_PUBLISH)
         if self.broker.alarm is not None and not self.blocked:
             # first publish during a resource alarm: stop reading from this publisher too
             self.blocked = True

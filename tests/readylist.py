@@ -33,3 +33,38 @@ def check_ready_list(r: ReadyList, make: Callable[[bytes], Message]) -> None:
         r.remove(d)
     assert r.drain() == [b, c]
     assert len(r) == 0 and not r and r.peek() is None
+    check_requeue_in_place(r, make)
+
+
+def check_requeue_in_place(r: ReadyList, make: Callable[[bytes], Message]) -> None:
+    """Requeued messages go back to their original positions (by publish order), whether
+    they come back together or one by one, in any order, while others wait or arrive."""
+    ms = [make(b"%d" % i) for i in range(8)]
+    for m in ms:
+        r.append(m)
+    taken = [r.popleft() for _ in range(5)]
+    assert taken == ms[:5]
+    # one by one, oldest first (a consumer rejecting in delivery order): each one goes
+    # behind the ones requeued before it
+    for m in (taken[1], taken[3], taken[4]):
+        r.requeue([m])
+    assert list(r) == [ms[1], ms[3], ms[4], ms[5], ms[6], ms[7]] and len(r) == 6
+    assert r.peek() is ms[1]
+    r.requeue([taken[2], taken[0]])
+    assert list(r) == ms and len(r) == 8 and r
+    late = make(b"late")
+    r.append(late)
+    assert [r.popleft() for _ in range(3)] == ms[:3]
+    r.requeue([ms[2]])
+    r.requeue([ms[0]])
+    assert r.peek() is ms[0]
+    r.remove(ms[2])
+    assert list(r) == [ms[0], *ms[3:], late]
+    x = r.popleft()
+    r.put_front([x])
+    assert r.drain() == [ms[0], *ms[3:], late]
+    assert len(r) == 0 and not r and r.peek() is None and list(r) == []
+    # and a list that empties its heap behaves as new
+    r.append(ms[0])
+    r.requeue([])
+    assert r.popleft() is ms[0] and not r

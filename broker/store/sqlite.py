@@ -48,6 +48,7 @@ from amqp.serialization import loads as _amqp_loads
 
 from broker.config import ConfigError
 from broker.domain.message import Message
+from broker.domain.ready import requeue_in_place, with_front_heap
 from broker.store.base import (
     BindingRecord,
     DelayedRecord,
@@ -178,7 +179,7 @@ class PagedReady(deque[Message]):
     stay in C.
     """
 
-    __slots__ = ("_since", "loading", "paged", "qid", "queue", "store")
+    __slots__ = ("_front", "_since", "loading", "paged", "qid", "queue", "store")
 
     def __init__(self, store: SQLiteStore, queue: Queue, qid: int) -> None:
         super().__init__()
@@ -212,8 +213,8 @@ class PagedReady(deque[Message]):
         return self[0] if len(self) else None
 
     def requeue(self, msgs: list[Message]) -> None:
-        for m in sorted(msgs, key=lambda m: m.id, reverse=True):
-            self.appendleft(m)
+        # back to their original positions, as the domain's lists do
+        requeue_in_place(self, msgs, _PagedWithRequeued)
 
     def put_front(self, msgs: list[Message]) -> None:
         self.extendleft(reversed(msgs))
@@ -262,6 +263,7 @@ class PagedReady(deque[Message]):
 
 
 _popleft = deque.popleft
+_PagedWithRequeued = with_front_heap(PagedReady)
 
 
 # ------------------------------------------------------------------------------ batch writing
@@ -732,7 +734,7 @@ class SQLiteStore:
         page = None
         r = queue.ready
         if (
-            type(r) is PagedReady
+            isinstance(r, PagedReady)
             and len(r) > RESIDENT_MIN
             and queue.ready_bytes > RESIDENT_BYTES
             and msg.expires_at is None
@@ -1338,7 +1340,7 @@ class SQLiteStore:
             yield
             for q, qid in self._qid_of.items():
                 r = q.ready
-                if type(r) is PagedReady:
+                if isinstance(r, PagedReady):
                     self._load_resident(r, qid)
         except sqlite3.Error as exc:
             raise StoreError(
@@ -1377,7 +1379,9 @@ class SQLiteStore:
         queue with a paging list is not read (None): the queue's head is read at the end of
         recovery, the rest as dispatch gets near. Rows of no queue row are deleted."""
         names = {qid: key for key, qid in self._queues.items()}
-        paged = ",".join(str(qid) for q, qid in self._qid_of.items() if type(q.ready) is PagedReady)
+        paged = ",".join(
+            str(qid) for q, qid in self._qid_of.items() if isinstance(q.ready, PagedReady)
+        )
         orphans: set[int] = set()
         cur = self._db.execute(
             "SELECT qid, mid, exchange, routing_key, properties, "
