@@ -791,9 +791,7 @@ class Connection:
             return None
         ch = self.channels.get(channel_id)
         if ch is None:
-            raise ConnectionError_(
-                CHANNEL_ERROR, f"{name} on channel {channel_id}, which is not open", sig
-            )
+            raise ConnectionError_(CHANNEL_ERROR, "expected 'channel.open'", sig)
         return ch
 
     # ================================================================ connection class
@@ -887,9 +885,7 @@ class Connection:
         if mechanism == "PLAIN":
             parts = bytes(response).split(b"\x00")
             if len(parts) != 3:
-                raise ConnectionError_(
-                    ACCESS_REFUSED, "malformed PLAIN response", CONNECTION_START_OK
-                )
+                raise ConnectionError_(SYNTAX_ERROR, "PLAIN response invalid", CONNECTION_START_OK)
             return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
         if mechanism == "AMQPLAIN":
             from amqp.serialization import loads
@@ -899,14 +895,12 @@ class Connection:
                 table, _ = loads("F", len(raw).to_bytes(4, "big") + raw, 0)
             except Exception:
                 raise ConnectionError_(
-                    ACCESS_REFUSED, "malformed AMQPLAIN response", CONNECTION_START_OK
+                    SYNTAX_ERROR, "AMQPLAIN response invalid", CONNECTION_START_OK
                 ) from None
             t = table[0]
             return str(t.get("LOGIN", "")), str(t.get("PASSWORD", ""))
         raise ConnectionError_(
-            ACCESS_REFUSED,
-            f"unsupported authentication mechanism {mechanism!r}; use PLAIN or AMQPLAIN",
-            CONNECTION_START_OK,
+            COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'", CONNECTION_START_OK
         )
 
     def _tune_ok(self, m: ConnectionTuneOk) -> None:
@@ -914,12 +908,16 @@ class Connection:
         lim = self.broker.limits
         if frame_max and frame_max < 4096:
             raise ConnectionError_(
-                SYNTAX_ERROR, f"frame_max {frame_max} is below the minimum 4096", CONNECTION_TUNE_OK
+                NOT_ALLOWED,
+                f"negotiated frame_max = {frame_max} is lower than the minimum allowed value "
+                "(4096)",
+                CONNECTION_TUNE_OK,
             )
         if frame_max > lim.frame_max:
             raise ConnectionError_(
-                SYNTAX_ERROR,
-                f"frame_max {frame_max} is above the offered {lim.frame_max}",
+                NOT_ALLOWED,
+                f"negotiated frame_max = {frame_max} is higher than the maximum allowed value "
+                f"({lim.frame_max})",
                 CONNECTION_TUNE_OK,
             )
         self.frame_max = frame_max or lim.frame_max
@@ -932,7 +930,7 @@ class Connection:
         vhost_name = m.virtual_host
         vh = self.broker.vhosts.get(vhost_name)
         if vh is None:
-            raise ConnectionError_(NOT_ALLOWED, f"vhost '{vhost_name}' not found", CONNECTION_OPEN)
+            raise ConnectionError_(NOT_ALLOWED, f"vhost {vhost_name} not found", CONNECTION_OPEN)
         if not self.broker.may_access(self.user, vhost_name):
             raise ConnectionError_(
                 NOT_ALLOWED,
@@ -1012,9 +1010,7 @@ class Connection:
 
     def _channel_open(self, channel_id: int) -> None:
         if channel_id in self.channels or channel_id in self.closing_channels:
-            raise ConnectionError_(
-                CHANNEL_ERROR, f"channel {channel_id} is already open", CHANNEL_OPEN
-            )
+            raise ConnectionError_(CHANNEL_ERROR, "second 'channel.open' seen", CHANNEL_OPEN)
         if channel_id > self.channel_max:
             raise ConnectionError_(
                 CHANNEL_ERROR,

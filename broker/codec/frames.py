@@ -309,10 +309,7 @@ class ServerCodec:
         pending = self._pending.get(channel)
         if pending is not None:
             if not pending.silent:
-                raise ConnectionError_(
-                    UNEXPECTED_FRAME,
-                    f"method frame on channel {channel} while content was expected",
-                )
+                raise ConnectionError_(UNEXPECTED_FRAME, _expected_content(pending))
             # the broker closed this channel mid-content and the client moved on
             del self._pending[channel]
         head = payload[:4]
@@ -413,17 +410,18 @@ class ServerCodec:
 
     def _on_header(self, channel: int, payload: bytes) -> Publish | None:
         pending = self._pending.get(channel)
-        if pending is None or pending.has_header:
-            raise ConnectionError_(
-                UNEXPECTED_FRAME, f"content header on channel {channel} without a content method"
-            )
+        if pending is None:
+            raise ConnectionError_(UNEXPECTED_FRAME, _EXPECTED_METHOD)
+        if pending.has_header:
+            raise ConnectionError_(UNEXPECTED_FRAME, _expected_content(pending))
         if len(payload) < 14:
             raise FrameError(FRAME_ERROR, "content header frame shorter than 14 bytes")
         class_id, _weight, body_size = _CONTENT_HDR.unpack_from(payload)
         if class_id != BASIC_CLASS:
             raise ConnectionError_(
                 UNEXPECTED_FRAME,
-                f"content header for class {class_id}, expected {BASIC_CLASS} (basic)",
+                f"expected content header for class {BASIC_CLASS}, "
+                f"got one for class {class_id} instead",
             )
         pending.has_header = True
         pending.body_size = body_size
@@ -438,10 +436,10 @@ class ServerCodec:
         pending = self._pending.get(channel)
         if pending is not None and pending.silent and not pending.has_header:
             return None  # the rest of a publish on a channel the broker closed
-        if pending is None or not pending.has_header:
-            raise ConnectionError_(
-                UNEXPECTED_FRAME, f"content body on channel {channel} without a content header"
-            )
+        if pending is None:
+            raise ConnectionError_(UNEXPECTED_FRAME, _EXPECTED_METHOD)
+        if not pending.has_header:
+            raise ConnectionError_(UNEXPECTED_FRAME, _expected_content(pending))
         pending.received += len(payload)
         if pending.received > pending.body_size:
             raise FrameError(
@@ -559,6 +557,16 @@ class ServerCodec:
     @staticmethod
     def encode_heartbeat() -> bytes:
         return _HEARTBEAT_FRAME
+
+
+# RabbitMQ's texts for a frame out of order (rabbit_command_assembler), which clients show
+_EXPECTED_METHOD = "expected method frame, got non method frame instead"
+
+
+def _expected_content(pending: _Pending) -> str:
+    if pending.has_header:
+        return "expected content body, got non content body frame instead"
+    return f"expected content header for class {BASIC_CLASS}, got non content header frame instead"
 
 
 __all__ = [

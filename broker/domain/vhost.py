@@ -273,7 +273,7 @@ class VirtualHost:
                 )
             raise ChannelError(
                 ACCESS_REFUSED,
-                f"exchange name '{name}' contains reserved prefix amq.*"
+                f"exchange name '{name}' contains reserved prefix 'amq.*'"
                 if name
                 else "the default exchange cannot be declared",
                 sig,
@@ -320,11 +320,21 @@ class VirtualHost:
 
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         sig = EXCHANGE_DELETE
-        if name == "" or name.startswith("amq."):
-            raise ChannelError(ACCESS_REFUSED, f"exchange '{name}' cannot be deleted", sig)
+        if name == "":
+            raise ChannelError(
+                ACCESS_REFUSED, "operation not permitted on the default exchange", sig
+            )
+        if name.startswith("amq."):
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"deletion of system exchange '{name}' in vhost '{self.name}' not allowed",
+                sig,
+            )
         ex = self.get_exchange(name, sig)
         if if_unused and ex.bindings:
-            raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in use", sig)
+            raise ChannelError(
+                PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use", sig
+            )
         del self.exchanges[name]
         for b in list(ex.bindings.values()):
             ex.unbind(b.destination, b.routing_key, b.arguments)
@@ -403,7 +413,7 @@ class VirtualHost:
             return q, False
         if name.startswith("amq."):
             raise ChannelError(
-                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix amq.*", sig
+                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", sig
             )
         if not name:
             name = server_name or "amq.gen-" + secrets.token_urlsafe(16)
@@ -478,7 +488,7 @@ class VirtualHost:
             )
         if if_empty and q.message_count:
             raise ChannelError(
-                PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' is not empty", sig
+                PRECONDITION_FAILED, f"queue '{q.name}' in vhost '{self.name}' not empty", sig
             )
         if q.deleted:
             return 0
