@@ -14,11 +14,15 @@ from typing import Any
 log = logging.getLogger("broker")
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        from broker.logjson import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -76,7 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             where += f", amqps on port {running.tls_port}"
         elif running.tls_port is not None:
             where += " (amqps only)"
-        print(f"plugbroker listening on {where} (config {path})", flush=True)
+        if getattr(args, "log_format", "text") == "json":  # every line a JSON object
+            log.info("plugbroker listening on %s (config %s)", where, path)
+        else:
+            print(f"plugbroker listening on {where} (config {path})", flush=True)
         await stop.wait()
         log.info("shutting down")
         await running.stop()
@@ -218,11 +225,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="plugbroker", description="AMQP 0-9-1 broker with pluggable consumer policies"
     )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text (default) or json: one JSON object per line (time, level, logger, message "
+        "and the record's structured fields)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="start the broker")
     r.add_argument("--config", help="XML configuration (default: the shipped config/default.xml)")
     r.add_argument("--host", help="listen address (overrides <listen host>)")
     r.add_argument("--port", type=int, help="listen port (overrides <listen port>)")
+    r.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=argparse.SUPPRESS,
+        help="text (default) or json: one JSON object per log line, for log shippers",
+    )
     r.add_argument(
         "--loop",
         choices=["auto", "asyncio", "uvloop"],
@@ -282,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level, args.log_format)
     return int(args.func(args))
 
 

@@ -96,6 +96,31 @@ class BrokerHandle(SnapshotSource, ActionSink, Protocol):
         ...
 
 
+class _RunLinesAtDebug(logging.Filter):
+    """APScheduler logs two INFO lines per run of every job ("Running job ..." and "... executed
+    successfully"): with a short period they drown the broker's log. This filter, on the
+    executor's logger, turns them into DEBUG records, kept only when that logger is enabled
+    for DEBUG (``--log-level DEBUG``, or the ``apscheduler`` logger set so); warnings and errors
+    (a missed run, a job that raised) pass unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        record.levelno = logging.DEBUG
+        record.levelname = "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+_RUN_LINES = _RunLinesAtDebug()
+
+
+def quiet_scheduler_runs(alias: str = "default") -> None:
+    """Put APScheduler's per-run lines of executor ``alias`` at DEBUG (idempotent)."""
+    logger = logging.getLogger(f"apscheduler.executors.{alias}")
+    if _RUN_LINES not in logger.filters:
+        logger.addFilter(_RUN_LINES)
+
+
 class HousekeepingStopped(RuntimeError):
     """Raised by :class:`JobContext` calls once the pool is stopping, so a job ends early."""
 
@@ -402,6 +427,7 @@ class Housekeeping:
 
     def start(self) -> None:
         """Run every job at its period on a real-time APScheduler ``BackgroundScheduler``."""
+        quiet_scheduler_runs()
         if self._stopping.is_set():
             raise RuntimeError("housekeeping was stopped; make a new one")
         if self._scheduler is not None:

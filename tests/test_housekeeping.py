@@ -433,3 +433,39 @@ def test_a_pool_that_never_ran_holds_no_thread_and_stops_twice(broker: FakeBroke
     assert set(threading.enumerate()) - before == set()
     assert hk.stop(wait=BOUND) is True
     assert hk.stop(wait=BOUND) is True
+
+
+def test_the_schedulers_per_run_lines_are_debug_not_info(
+    broker: FakeBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran = threading.Event()
+    runs: list[int] = []
+
+    def job(ctx: JobContext) -> None:
+        runs.append(1)
+        if len(runs) >= 3:
+            ran.set()
+
+    hk = Housekeeping(_jobs([_spec("often", job, 0.05)]), broker, threads=1)
+    with caplog.at_level(logging.INFO):
+        hk.start()
+        try:
+            assert ran.wait(BOUND), "the job did not run on schedule"
+        finally:
+            hk.stop(wait=1.0)
+    runs_logged = [r for r in caplog.records if r.name.startswith("apscheduler.executors")]
+    assert runs_logged == []  # at INFO: nothing per run
+    assert any("housekeeping started" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    runs.clear()
+    ran.clear()
+    hk2 = Housekeeping(_jobs([_spec("often", job, 0.05)]), broker, threads=1)
+    with caplog.at_level(logging.DEBUG):
+        hk2.start()
+        try:
+            assert ran.wait(BOUND), "the job did not run on schedule"
+        finally:
+            hk2.stop(wait=1.0)
+    per_run = [r for r in caplog.records if r.name == "apscheduler.executors.default"]
+    assert per_run and {r.levelno for r in per_run} == {logging.DEBUG}
+    assert any("executed successfully" in r.getMessage() for r in per_run)

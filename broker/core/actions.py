@@ -48,12 +48,12 @@ ActionHandler = Callable[[BrokerAPI, Action, str], str]
 
 
 def _log_only(api: BrokerAPI, a: Action, what: str) -> str:
-    policy_log.warning("%s: would act (%s) [log only]", what, a.reason)
+    policy_log.info("%s: would act (%s) [log only]", what, a.reason)
     return "logged"
 
 
 def _spared(api: BrokerAPI, a: Action, what: str) -> str:
-    policy_log.warning("%s: spared: %s", what, a.reason)
+    policy_log.info("%s: spared: %s", what, a.reason)
     return "spared"
 
 
@@ -65,7 +65,7 @@ def _close_consumer_channels(api: BrokerAPI, a: Action, what: str) -> str:
     channels = api.queue_channels(a.vhost, a.queue)
     for conn_id, ch_id in channels:
         api.close_channel(conn_id, ch_id, a.code, a.text)
-    policy_log.warning(
+    policy_log.info(
         "%s: closed %d channel(s) with %d %r (consumers %s): %s",
         what,
         len(channels),
@@ -83,7 +83,7 @@ def _delete_queue(api: BrokerAPI, a: Action, what: str) -> str:
         return "stale"
     n = q.messages
     api.delete_queue(a.vhost, a.queue, reason=f"policy:{a.policy}", detail=a.reason)
-    policy_log.warning("%s: queue deleted, %d messages released: %s", what, n, a.reason)
+    policy_log.info("%s: queue deleted, %d messages released: %s", what, n, a.reason)
     return "applied"
 
 
@@ -101,7 +101,7 @@ def _isolate(api: BrokerAPI, a: Action, what: str) -> str:
     ):
         return "stale"  # it acked (or lost its messages) since the snapshot
     moved = api.isolate(a.vhost, a.queue, c.tag, c.connection_id)
-    policy_log.warning(
+    policy_log.info(
         "%s: consumer %s (connection %s) isolated: no ack for %.3f s, "
         "%d unacked moved to the other consumers",
         what,
@@ -127,7 +127,7 @@ def _poison(api: BrokerAPI, a: Action, what: str) -> str:
     dead = api.dead_letter_poison(a.vhost, a.queue, c.tag, c.connection_id)
     if not dead:
         return "stale"
-    policy_log.warning(
+    policy_log.info(
         "%s: consumer %s (connection %s) is over its ack timeout holding %d message(s) that "
         "other consumers held without settling: dead-lettered as poison instead of isolating it",
         what,
@@ -148,7 +148,7 @@ def _cancel(api: BrokerAPI, a: Action, what: str) -> str:
     assert isinstance(a, CancelConsumer)
     if not api.cancel_consumer(a.vhost, a.queue, a.consumer_tag, a.connection_id):
         return "stale"
-    policy_log.warning("%s: consumer %s cancelled: %s", what, a.consumer_tag, a.reason)
+    policy_log.info("%s: consumer %s cancelled: %s", what, a.consumer_tag, a.reason)
     return "applied"
 
 
@@ -156,7 +156,7 @@ def _set_prefetch(api: BrokerAPI, a: Action, what: str) -> str:
     assert isinstance(a, SetPrefetch)
     if not api.set_prefetch(a.vhost, a.queue, a.consumer_tag, a.connection_id, a.prefetch):
         return "stale"
-    policy_log.warning(
+    policy_log.info(
         "%s: consumer %s prefetch set to %d: %s", what, a.consumer_tag, a.prefetch, a.reason
     )
     return "applied"
@@ -221,7 +221,7 @@ def apply_actions(api: BrokerAPI, actions: Sequence[Action]) -> list[str]:
             hit = affected(api, a) if api.has_queue(a.vhost, a.queue) else []
             why = budget.check(now, hit)
             if why is not None:
-                policy_log.warning(
+                policy_log.info(
                     "%s: %s deferred by the blast-radius budget of vhost '%s' (%s): %s",
                     describe(api, a),
                     type(a).__name__,
@@ -241,6 +241,10 @@ def apply_actions(api: BrokerAPI, actions: Sequence[Action]) -> list[str]:
             except Exception:
                 log.exception("applying %r failed", a)
                 outcome = "failed"
+        if outcome == "stale":
+            policy_log.debug(
+                "%s: %s not applied (stale): %s", describe(api, a), type(a).__name__, a.reason
+            )
         if budget is not None and outcome == "applied":
             budget.record(now, hit)
         outcomes.append(outcome)

@@ -508,7 +508,9 @@ class VirtualHost:
         msgs = q.drain_all()
         if q.durable and self.store.durable:
             self.store.delete_queue(self.name, q.name)
-        log.info(
+        # a policy's deletion has its own line (broker.policy): this one only at DEBUG then
+        log.log(
+            logging.DEBUG if reason.startswith("policy:") else logging.INFO,
             "queue '%s' in vhost '%s' deleted (%s%s), %d messages released",
             q.name,
             self.name,

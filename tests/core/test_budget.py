@@ -112,7 +112,7 @@ def test_the_third_action_in_a_minute_is_deferred_and_reported(broker, caplog) -
 
     broker.hooks = Hooks()
     log_only = LogOnly(vhost="/", queue="a", policy="Log", reason="dry run")
-    with caplog.at_level(logging.WARNING, logger="broker.policy"):
+    with caplog.at_level(logging.INFO, logger="broker.policy"):
         outcomes = broker.apply_actions([log_only, delete("a"), delete("b"), delete("c")])
     assert outcomes == ["logged", "applied", "applied", "deferred"]
     assert "c" in vh.queues and "a" not in vh.queues and "b" not in vh.queues
@@ -139,3 +139,17 @@ def test_stale_actions_use_no_budget_and_other_vhosts_are_unbounded(broker) -> N
     for name in ("x", "y", "z"):
         free.declare_queue(name)
     assert broker.apply_actions([delete(n, "free") for n in "xyz"]) == ["applied"] * 3
+
+
+def test_each_policy_action_is_one_info_line(broker, caplog) -> None:
+    vh = broker.vhosts["/"]
+    for name in ("a", "b"):
+        vh.declare_queue(name)
+    log_only = LogOnly(vhost="/", queue="b", policy="Log", reason="dry run")
+    with caplog.at_level(logging.DEBUG):
+        assert broker.apply_actions([delete("a"), log_only]) == ["applied", "logged"]
+    lines = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert [(r.name, r.levelname) for r in lines] == [("broker.policy", "INFO")] * 2, [
+        r.getMessage() for r in lines
+    ]
+    assert "queue deleted" in lines[0].getMessage() and "[log only]" in lines[1].getMessage()

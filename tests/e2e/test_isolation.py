@@ -163,7 +163,7 @@ def test_a_healthy_consumer_back_from_an_idle_spell_is_not_isolated(broker_facto
 def test_a_stuck_consumer_back_from_an_idle_spell_is_isolated_after_ack_timeout(
     broker_factory, workers, caplog
 ):
-    caplog.set_level(logging.WARNING, logger="broker.policy")
+    caplog.set_level(logging.INFO, logger="broker.policy")
     b = broker_factory(IDLE_CONFIG)
     stuck = Worker(b.url(), "stuck", prefetch=1)
     ok = Worker(b.url(), "ok", prefetch=1, work=0.2)

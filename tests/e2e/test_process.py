@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -155,3 +156,31 @@ def test_run_refuses_uvloop_with_a_tls_listener(tmp_path):
     )
     assert res.returncode == 2
     assert "uvloop does not serve the TLS listeners" in res.stderr
+
+
+def test_log_format_json_writes_one_object_per_line(tmp_path):
+    port = free_port()
+    proc = start(ROOT / "config" / "default.xml", port, tmp_path, "--log-format", "json")
+    try:
+        conn = amqp.Connection(host=f"127.0.0.1:{port}", userid="guest", password="guest")
+        conn.connect()
+        ch = conn.channel()
+        with pytest.raises(amqp.exceptions.AMQPNotImplementedError):
+            ch.basic_publish(amqp.Message("x"), routing_key="q", immediate=True)
+            conn.drain_events(timeout=2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        out = proc.stdout.read()  # type: ignore[union-attr]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    bad = [line for line in out.splitlines() if line.strip() and not line.startswith("{")]
+    assert not bad, bad
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert lines
+    for rec in lines:
+        assert {"time", "level", "logger", "message"} <= rec.keys(), rec
+    closed = [r for r in lines if "540" in r["message"]]
+    assert closed and closed[0]["level"] == "WARNING" and closed[0]["logger"] == "broker.session"
+    assert any(r["message"].startswith("event loop:") for r in lines)
