@@ -69,7 +69,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             running = await start_broker(
                 path, host=args.host, port=args.port, accept_store_loss=args.accept_store_loss
             )
-        except (ConfigError, PluginError) as exc:
+        except ConfigError as exc:
+            for problem in exc.all():
+                print(f"plugbroker: {problem}", file=sys.stderr)
+            return 2
+        except PluginError as exc:
             print(f"plugbroker: {exc}", file=sys.stderr)
             return 2
         except OSError as exc:
@@ -142,7 +146,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         if plugins.configure is not None:
             plugins.configure(config=cfg)
         plugins.verify_policies(cfg)
-    except (ConfigError, PluginError) as exc:
+    except ConfigError as exc:
+        problems = exc.all()
+        for problem in problems:  # every schema error, each with file, line and element
+            print(f"plugbroker: {problem}", file=sys.stderr)
+        if len(problems) > 1:
+            print(f"plugbroker: {len(problems)} errors in {path}", file=sys.stderr)
+        return 2
+    except PluginError as exc:
         print(f"plugbroker: {exc}", file=sys.stderr)
         return 2
     print(cfg.describe())

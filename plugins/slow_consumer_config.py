@@ -9,6 +9,7 @@ policies are checked here.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,10 +127,15 @@ def parse_policy(el: Any, ctx: ParseContext) -> PolicyRef:
     if canonical is None:
         ref = ctx.policy(el)
         if not ctx.knows_policy(name):
+            registered = ctx.registered_policies()
+            close = difflib.get_close_matches(name, (*POLICIES, *registered), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            extra = [p for p in registered if p not in POLICIES]
+            others = f" (registered by plugins: {', '.join(extra)})" if extra else ""
             raise ctx.error(
                 el,
                 f"attribute name: policy {name!r} is not built in ({', '.join(POLICIES)}) "
-                "and no plugin registered it",
+                f"and no plugin registered it{others}{hint}",
             )
         return ref
 

@@ -45,7 +45,7 @@ def write_config(
     store: bool = False,
     plugins: str = "",
     limits: str = "",
-    period: str = "30000",
+    period: str = "30s",
     name: str = "broker.xml",
     journal: bool = False,
     admin: bool = False,

@@ -10,6 +10,7 @@ read exactly like the core's: ``file:line: <element>: message``. It also reads a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -28,6 +29,9 @@ from broker.config.units import (
 )
 
 __all__ = ["OptionCheck", "ParseContext", "SectionScope", "children", "local_name", "quote"]
+
+
+log = logging.getLogger("broker.config")
 
 
 def quote(value: str) -> str:
@@ -124,6 +128,11 @@ class ParseContext:
         has = getattr(self.registry, "has_policy", None) if self.registry is not None else None
         return bool(callable(has) and has(name))
 
+    def registered_policies(self) -> tuple[str, ...]:
+        """The policy names plugins registered (for a did-you-mean)."""
+        names = getattr(self.registry, "policy_names", None) if self.registry is not None else None
+        return tuple(names()) if callable(names) else ()
+
     def knows_backoff(self, name: str) -> bool:
         """Whether a plugin registered the nack backoff type ``name``."""
         has = getattr(self.registry, "has_backoff", None) if self.registry is not None else None
@@ -199,6 +208,38 @@ class ParseContext:
         except ValueError as exc:
             raise self.error(target, str(exc)) from None
 
+    def _warn_bare(
+        self,
+        el: Any,
+        child: str | None,
+        value: float | None,
+        unit: str,
+        render: Callable[[Any], str],
+    ) -> None:
+        """A bare number (``<period>30</period>``) keeps the Qpid meaning, milliseconds or
+        bytes, which is rarely what a hand-written value means: say how it was read. Zero is
+        the same in every unit and passes quietly."""
+        target = self._target(el, child)
+        if target is None or value is None:
+            return
+        text = (target.text or "").strip()
+        if not text.isdigit() or int(text) == 0:
+            return
+        name = local_name(target)
+        log.warning(
+            "%s:%s: <%s>: bare number %s read as %s (%s); write the unit to say so, "
+            "e.g. <%s>%s</%s>",
+            self.source,
+            target.sourceline,
+            name,
+            text,
+            unit,
+            render(value),
+            name,
+            render(value),
+            name,
+        )
+
     def _check_range(
         self,
         el: Any,
@@ -262,6 +303,7 @@ class ParseContext:
         """Seconds from ``300000`` (ms) or ``5m``; by default a duration must be > 0."""
         value = self._convert(el, child, default, parse_duration)
         if self._present(el, child):  # defaults are the caller's, not the user's: not checked
+            self._warn_bare(el, child, value, "milliseconds", format_duration)
             self._check_range(
                 el,
                 child,
@@ -307,6 +349,7 @@ class ParseContext:
         """Bytes from ``4235264`` or ``4MB``."""
         value = self._convert(el, child, default, parse_size)
         if self._present(el, child):
+            self._warn_bare(el, child, value, "bytes", format_size)
             self._check_range(el, child, value, minimum, maximum, format_size)
         return value
 

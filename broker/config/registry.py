@@ -144,6 +144,10 @@ class ConfigElementRegistry:
     def has_policy(self, name: str) -> bool:
         return name in self._policies
 
+    def policy_names(self) -> tuple[str, ...]:
+        """The policies plugins registered, sorted."""
+        return tuple(sorted(self._policies))
+
     def has_backoff(self, name: str) -> bool:
         return name in self._backoffs
 
