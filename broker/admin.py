@@ -27,7 +27,7 @@ Vhost names in paths are URL-encoded (``/`` is ``%2F``), as in RabbitMQ's manage
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from broker.core.api import BrokerAPI, ConsumerInfo, NotFound, QueueInfo
@@ -359,6 +359,13 @@ def prometheus_text(api: BrokerAPI) -> str:
         "Messages settled since the queue was declared.",
         [(ql(q.vhost, q.name), q.acks_total) for q in queues],
     )
+    for field, help_ in _QUEUE_COUNTERS:
+        family(
+            f"plugbroker_queue_{field}_total",
+            "counter",
+            help_,
+            [(ql(q.vhost, q.name), getattr(q, f"{field}_total")) for q in queues],
+        )
     consumers = api.consumers()
     family(
         "plugbroker_consumer_unacked",
@@ -396,4 +403,38 @@ def prometheus_text(api: BrokerAPI) -> str:
         "1 while a resource alarm blocks publishers.",
         [("", int(api.alarm is not None))],
     )
+    family(
+        "plugbroker_alarm",
+        "gauge",
+        "Each resource alarm the broker knows of: 1 while it is raised, else 0.",
+        [(f'alarm="{_label(name)}"', int(up)) for name, up in sorted(alarm_states(api).items())],
+    )
     return "\n".join(lines) + "\n"
+
+
+#: per-queue counters (``QueueInfo.<field>_total``), kept incrementally by the domain
+_QUEUE_COUNTERS = (
+    ("published", "Messages that entered the queue since it was declared."),
+    ("delivered", "Deliveries to consumers and basic.get since the queue was declared."),
+    ("acked", "Deliveries acked (basic.ack) since the queue was declared."),
+    (
+        "redelivered",
+        "Messages put back for redelivery (reject or nack with requeue, channel close, recover, "
+        "isolation, nack backoff) since the queue was declared.",
+    ),
+    ("dead_lettered", "Messages dead-lettered from the queue since it was declared."),
+)
+
+
+def alarm_states(api: Any) -> dict[str, bool]:
+    """Alarm name -> raised, from what the API exposes: ``alarms`` (a mapping of name to state,
+    or the names raised) when it has one, else the single ``alarm`` (its reason, or None)."""
+    alarms = getattr(api, "alarms", None)
+    if callable(alarms):
+        alarms = alarms()
+    if isinstance(alarms, Mapping):
+        return {str(name): bool(up) for name, up in alarms.items()}
+    if alarms is not None:
+        return {str(name): True for name in alarms}
+    reason = api.alarm
+    return {str(reason): True} if reason else {}

@@ -242,6 +242,7 @@ class Channel:
         if consumer.first_delivery is None:
             consumer.first_delivery = now
         consumer.delivered_total += 1
+        queue.delivered_total += 1
         if queue.moved_waiting:
             queue.moved_waiting.discard(msg.id)
         if consumer.no_ack:

@@ -79,6 +79,12 @@ class QueueInfo:
     policy: Mapping[str, object]
     #: the XML each policy section came from, by element name (for operators)
     policy_source: Mapping[str, str]
+    #: running counters since the queue was declared (``/metrics``)
+    published_total: int = 0
+    delivered_total: int = 0
+    acked_total: int = 0
+    redelivered_total: int = 0
+    dead_lettered_total: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -800,6 +806,11 @@ def _queue_info(q: Queue) -> QueueInfo:
         tuple(q.bindings()),
         pol if pol else {},
         {name: str(source.get(name, "")) for name in pol} if pol else {},
+        q.published_total,
+        q.delivered_total,
+        q.acked_total,
+        q.redelivered_total,
+        q.dead_lettered_total,
     )
 
 

@@ -82,6 +82,7 @@ def ack_all(
     h = entries[0][1].vhost.hooks.message_acked  # one channel, one vhost, one plugin host
     for msg, q, consumer in entries:
         q.settle(msg)
+        q.acked_total += 1
         tag = _settled_by(consumer, now, "acked")
         if h is not None:
             h(
@@ -407,6 +408,7 @@ def dead_letter(q: Queue, msg: Message, reason: str) -> bool:
             exchange=target,
             routing_key=dead.routing_key,
         )
+    q.dead_lettered_total += 1
     if queues:
         taken, _ = vh.deliver_to_queues(queues, dead)
         for t in taken:

@@ -182,6 +182,17 @@ class Queue:
         self.bytes = 0
         self.ready_bytes = 0
         self.acks_total = 0
+        #: running counters for /metrics (kept incrementally: one int add where each happens)
+        #: messages that entered the queue
+        self.published_total = 0
+        #: deliveries to consumers and basic.get
+        self.delivered_total = 0
+        #: basic.ack'ed deliveries
+        self.acked_total = 0
+        #: messages put back for redelivery (reject/nack requeue, close, recover, isolation)
+        self.redelivered_total = 0
+        #: messages dead-lettered from this queue
+        self.dead_lettered_total = 0
         self.delayed = 0
         self.consumers: list[Consumer] = []
         self._rr = 0
@@ -277,6 +288,7 @@ class Queue:
             msg.expires_at = now + ttl / 1000.0
         self.held[msg.id] = msg
         self.bytes += msg.body_size
+        self.published_total += 1
         self.ready.append(msg)
         self.ready_bytes += msg.body_size
         if msg.expires_at is not None:
@@ -405,6 +417,7 @@ class Queue:
             live.append(m)
             self.ready_bytes += m.body_size
         if live:
+            self.redelivered_total += len(live)
             self.ready.requeue(live)
             self.vhost.mark_dirty(self)
             self._arm_expiry()  # a requeued message may be past its TTL already
@@ -414,6 +427,7 @@ class Queue:
         if self.deleted or msg.id not in self.held:
             return
         self.delayed -= 1
+        self.redelivered_total += 1
         self.ready.requeue([msg])
         self.ready_bytes += msg.body_size
         self.vhost.mark_dirty(self)
@@ -444,6 +458,7 @@ class Queue:
             return None
         m = self.ready.popleft()
         self.ready_bytes -= m.body_size
+        self.delivered_total += 1
         return m
 
     def purge(self) -> int:

@@ -8,6 +8,7 @@ import time
 import urllib.error
 import urllib.request
 
+import amqp
 import kombu
 import pytest
 from brokerutil import ADMIN_GUEST
@@ -273,3 +274,59 @@ def test_redrive_parameters_are_checked(broker_factory):
         with pytest.raises(urllib.error.HTTPError) as err:
             call(b, f"/api/queues/%2F/orders/redrive?{query}", "POST")
         assert err.value.code == 400, query
+
+
+def _metric(text: str, name: str, labels: str) -> float:
+    prefix = f"{name}{{{labels}}} "
+    [line] = [ln for ln in text.splitlines() if ln.startswith(prefix)]
+    return float(line[len(prefix) :])
+
+
+def test_metrics_count_published_delivered_acked_redelivered_dead_lettered(broker_factory):
+    b = broker_factory(admin=True, users=ADMIN_GUEST)
+    conn = amqp.Connection(f"127.0.0.1:{b.port}", userid="guest", password="guest")
+    conn.connect()
+    try:
+        ch = conn.channel()
+        ch.queue_declare("counted-dlq")
+        ch.queue_declare(
+            "counted",
+            arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "counted-dlq"},
+        )
+        for body in ("a", "b", "c"):
+            ch.basic_publish(amqp.Message(body), routing_key="counted")
+        a = ch.basic_get("counted")
+        ch.basic_ack(a.delivery_tag)
+        first_b = ch.basic_get("counted")
+        ch.basic_reject(first_b.delivery_tag, requeue=True)
+        again = ch.basic_get("counted")
+        assert again.body == "b" and again.delivery_info["redelivered"]
+        ch.basic_reject(again.delivery_tag, requeue=False)
+        c = ch.basic_get("counted")
+        ch.basic_ack(c.delivery_tag)
+        assert ch.basic_get("counted") is None
+        assert ch.queue_declare("counted-dlq", passive=True).message_count == 1
+    finally:
+        conn.close()
+    b.call(lambda: b.broker.set_alarm("disk"))
+    metrics = call(b, "/metrics")
+    q = 'vhost="/",queue="counted"'
+    got = {
+        k: _metric(metrics, f"plugbroker_queue_{k}_total", q)
+        for k in ("published", "delivered", "acked", "redelivered", "dead_lettered")
+    }
+    assert got == {
+        "published": 3,
+        "delivered": 4,
+        "acked": 2,
+        "redelivered": 1,
+        "dead_lettered": 1,
+    }
+    assert (
+        _metric(metrics, "plugbroker_queue_published_total", 'vhost="/",queue="counted-dlq"') == 1
+    )
+    assert "# TYPE plugbroker_queue_dead_lettered_total counter" in metrics
+    assert _metric(metrics, "plugbroker_alarm", 'alarm="disk"') == 1
+    assert "plugbroker_resource_alarm 1" in metrics.splitlines()
+    b.call(lambda: b.broker.set_alarm(None))
+    assert "plugbroker_resource_alarm 0" in call(b, "/metrics").splitlines()
