@@ -72,7 +72,6 @@ def test_kill9_cycles_lose_no_confirmed_message(tmp_path: Path) -> None:
     print(summary)
     assert not bad, f"{summary}; failing: {bad[:2]}"
     assert all(r.confirmed > 0 for r in results), "a cycle was killed before any confirm"
-    assert elapsed < 120, summary
 
 
 def test_restart_keeps_durable_topology_and_drops_transient(broker_factory: Any) -> None:
