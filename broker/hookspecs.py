@@ -197,13 +197,15 @@ def broker_queue_declared(vhost: str, queue: str, durable: bool, arguments: dict
 
 
 @hookspec
-def broker_queue_deleted(vhost: str, queue: str, reason: str) -> None:
+def broker_queue_deleted(vhost: str, queue: str, reason: str, messages: int) -> None:
     """A queue was deleted.
 
     :param vhost: the virtual host.
     :param queue: the queue name.
     :param reason: ``"client"`` (queue.delete), ``"auto-delete"``, ``"expired"`` (x-expires),
         ``"exclusive-owner-closed"``, or ``"policy:<name>"`` when a policy deleted it.
+    :param messages: how many messages it held (ready, unacked and held for a retry) when it
+        went; they went with it.
 
     Called after its consumers were cancelled and its messages released. Not firstresult.
     """
@@ -446,6 +448,38 @@ def broker_message_dead_lettered(
     :param routing_key: the routing key it was republished with.
 
     Called after the dead-lettered copy was routed. Not firstresult.
+    """
+
+
+@hookspec
+def broker_message_enqueued(vhost: str, queue: str, message: MessageView, reason: str) -> None:
+    """A message arrived on a queue by the broker's own doing, not a client's publish.
+
+    :param vhost: the virtual host.
+    :param queue: the queue it arrived on.
+    :param message: the message as that queue holds it; read-only.
+    :param reason: ``"dead-letter"`` (a dead letter reached its dead-letter queue: one call per
+        queue it was routed to, after ``broker_message_dead_lettered`` on the queue it left) or
+        ``"delayed"`` (an ``x-delayed-message`` exchange released it when its delay ran out).
+
+    A retry copy back on its queue and a redriven dead letter are announced by
+    ``broker_message_redelivered`` (reasons ``"retry"`` and ``"redrive"``). Called after the
+    queue took the message, before it is delivered. Not firstresult.
+    """
+
+
+@hookspec
+def broker_message_removed(vhost: str, queue: str, message: MessageView, reason: str) -> None:
+    """A message left its queue without being settled, expired, dead-lettered or dropped.
+
+    :param vhost: the virtual host.
+    :param queue: the queue it left.
+    :param message: the message as that queue held it; read-only.
+    :param reason: ``"retry"`` (a retry queue's delay ran out and a copy went back to the
+        queue it came from), ``"redrive"`` (a dead letter was moved back to its queue) or
+        ``"purged"`` (queue.purge, or the admin's purge; one call per message purged).
+
+    Called after the message left. Not firstresult.
     """
 
 

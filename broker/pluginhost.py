@@ -145,6 +145,8 @@ class PluginHost:
     message_rejected: HookCaller | None
     message_redelivered: HookCaller | None
     message_dead_lettered: HookCaller | None
+    message_enqueued: HookCaller | None
+    message_removed: HookCaller | None
     message_expired: HookCaller | None
     message_dropped: HookCaller | None
     reject_decision: HookCaller | None

@@ -1141,7 +1141,7 @@ class Connection:
     def _queue_purge(self, ch: Channel, m: QueuePurge) -> None:
         self.check("read", "queue", m.queue, QUEUE_PURGE)
         q = ch.vhost.get_queue(m.queue, QUEUE_PURGE, self.id)
-        n = q.purge()
+        n = fate.purge(q)
         if not m.nowait:
             self.send(ch.id, "queue.purge_ok", n)
 

@@ -58,8 +58,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("plugins.journal")
 
-#: Bumped whenever a column changes meaning or type. Readers refuse versions they do not know.
-SCHEMA_VERSION = 1
+#: Bumped whenever a column changes meaning or type, or events are added. Readers take every
+#: version from 1 up to theirs and refuse newer ones. Version 2 added ``enqueued`` and
+#: ``removed`` and the message count (``count``) of ``queue_deleted``; a version-1 journal just
+#: has none of them. Events and optional columns may be added in later versions; the meaning
+#: and type of an existing column never change within the pipeline's supported range.
+SCHEMA_VERSION = 2
 #: Parquet key-value metadata key holding :data:`SCHEMA_VERSION`.
 METADATA_KEY = b"plugbroker.journal.schema_version"
 
@@ -123,7 +127,9 @@ PUBLISHED, DELIVERED, ACKED, REJECTED, REDELIVERED, DEAD_LETTERED, EXPIRED, DROP
     JOURNAL_STARTED,
     JOURNAL_STOPPED,
     JOURNAL_DROPPED,
-) = range(8, 22)
+    ENQUEUED,
+    REMOVED,
+) = range(8, 24)
 
 LAYOUTS: dict[int, tuple[str, tuple[str, ...]]] = {
     PUBLISHED: (
@@ -239,7 +245,21 @@ LAYOUTS: dict[int, tuple[str, tuple[str, ...]]] = {
         "queue_declared",
         ("vhost", "queue", "durable", "exclusive", "auto_delete", "detail", "reason"),
     ),
-    QUEUE_DELETED: ("queue_deleted", ("vhost", "queue", "reason")),
+    QUEUE_DELETED: ("queue_deleted", ("vhost", "queue", "reason", "count")),
+    ENQUEUED: (
+        "enqueued",
+        (
+            "vhost",
+            "queue",
+            "message_id",
+            "body_size",
+            "delivery_count",
+            "reason",
+            "exchange",
+            "routing_key",
+        ),
+    ),
+    REMOVED: ("removed", ("vhost", "queue", "message_id", "body_size", "delivery_count", "reason")),
     QUEUE_BOUND: ("queue_bound", ("vhost", "queue", "exchange", "routing_key", "detail", "reason")),
     QUEUE_UNBOUND: ("queue_unbound", ("vhost", "queue", "exchange", "routing_key")),
     CONNECTION_OPENED: ("connection_opened", ("connection_id", "detail", "reason", "vhost")),
@@ -764,6 +784,38 @@ class Recorder:
         )
 
     @hookimpl(trylast=True)
+    def broker_message_enqueued(self, vhost: str, queue: str, message: Any, reason: str) -> None:
+        self._put(
+            (
+                ENQUEUED,
+                self._now(),
+                vhost,
+                queue,
+                message.id,
+                message.body_size,
+                message.delivery_count,
+                reason,
+                message.exchange,
+                message.routing_key,
+            )
+        )
+
+    @hookimpl(trylast=True)
+    def broker_message_removed(self, vhost: str, queue: str, message: Any, reason: str) -> None:
+        self._put(
+            (
+                REMOVED,
+                self._now(),
+                vhost,
+                queue,
+                message.id,
+                message.body_size,
+                message.delivery_count,
+                reason,
+            )
+        )
+
+    @hookimpl(trylast=True)
     def broker_message_expired(self, vhost: str, queue: str, message: Any) -> None:
         self._put(
             (
@@ -880,8 +932,8 @@ class Recorder:
         self._put(self._declared(vhost, queue, durable, None))
 
     @hookimpl(trylast=True)
-    def broker_queue_deleted(self, vhost: str, queue: str, reason: str) -> None:
-        self._put((QUEUE_DELETED, self._now(), vhost, queue, reason))
+    def broker_queue_deleted(self, vhost: str, queue: str, reason: str, messages: int) -> None:
+        self._put((QUEUE_DELETED, self._now(), vhost, queue, reason, messages))
 
     @hookimpl(trylast=True)
     def broker_queue_bound(self, vhost: str, queue: str, exchange: str, routing_key: str) -> None:

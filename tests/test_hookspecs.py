@@ -25,7 +25,7 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     "broker_connection_opened": ("connection_id", "peer", "user", "vhost"),
     "broker_connection_closed": ("connection_id", "code", "text"),
     "broker_queue_declared": ("vhost", "queue", "durable", "arguments"),
-    "broker_queue_deleted": ("vhost", "queue", "reason"),
+    "broker_queue_deleted": ("vhost", "queue", "reason", "messages"),
     "broker_queue_bound": ("vhost", "queue", "exchange", "routing_key"),
     "broker_queue_unbound": ("vhost", "queue", "exchange", "routing_key"),
     "broker_consumer_added": ("vhost", "queue", "consumer_tag", "connection_id", "channel_id"),
@@ -76,6 +76,8 @@ CONTRACT: dict[str, tuple[str, ...]] = {
         "requeue",
     ),
     "broker_message_redelivered": ("vhost", "queue", "message", "delivery_count", "reason"),
+    "broker_message_enqueued": ("vhost", "queue", "message", "reason"),
+    "broker_message_removed": ("vhost", "queue", "message", "reason"),
     "broker_message_dead_lettered": (
         "vhost",
         "queue",

@@ -469,7 +469,7 @@ def test_notifications_reach_every_plugin() -> None:
     host.register(plugin("a"), "a")
     host.register(plugin("b"), "b")
     assert host.queue_deleted is not None
-    assert host.queue_deleted(vhost="/", queue="q", reason="client") == []
+    assert host.queue_deleted(vhost="/", queue="q", reason="client", messages=0) == []
     assert sorted(got) == ["a:q:client", "b:q:client"]
 
 

@@ -3,9 +3,10 @@
 * :func:`read_events`: the journal's closed files as one DataFrame, schema version checked, with
   ``ts`` (seconds, double) added;
 * :func:`message_facts`: one row per message per queue, from the one big shuffle of a report;
-* :func:`lifecycles`: from those, when each message arrived and when it left (acked,
-  dead-lettered, dropped, expired, settled at a no-ack delivery, or gone with its queue or with
-  the broker run that held it);
+* :func:`lifecycles`: from those, when each message arrived (published, or put there by the
+  broker: a dead letter, a delayed release, a retry or redrive copy) and when it left (acked,
+  dead-lettered, dropped, expired, settled at a no-ack delivery, purged, gone back from a retry
+  or dead-letter queue, or gone with its queue or with the broker run that held it);
 * :func:`settlements`: one row per ack or reject, paired with the delivery it settles, so
   ``latency`` is the consumer's processing time (delivery to ack);
 * :func:`backlog_series`: per queue and time bucket, messages held, bytes held and the age of the
@@ -33,6 +34,8 @@ MESSAGE_EVENTS = (
     "dead_lettered",
     "expired",
     "dropped",
+    "enqueued",  # schema version 2
+    "removed",  # schema version 2
 )
 #: events that concern one queue (replayed by the backtest)
 QUEUE_EVENTS = MESSAGE_EVENTS + (
@@ -195,7 +198,7 @@ def message_facts(events: Any) -> Any:
     ev = F.col("event")
     ts = F.col("ts")
     removal = (
-        ev.isin("acked", "dead_lettered", "dropped", "expired")
+        ev.isin("acked", "dead_lettered", "dropped", "expired", "removed")
         | ((ev == "delivered") & F.col("no_ack"))
         | ((ev == "rejected") & ~F.col("requeue"))
     )
@@ -208,7 +211,7 @@ def message_facts(events: Any) -> Any:
     return (
         m.groupBy("vhost", "queue", "message_id")
         .agg(
-            F.min(F.when(ev == "published", ts)).alias("published_at"),
+            F.min(F.when(ev.isin("published", "enqueued"), ts)).alias("published_at"),
             F.min(ts).alias("first_seen"),
             F.max(ts).alias("last_seen"),
             F.min(F.when(removal, ts)).alias("removed_at"),

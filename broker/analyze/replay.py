@@ -737,6 +737,8 @@ def _on_rejected(r: Replayer, ev: Sequence[Any], now: float) -> None:
     _settled_by(r, q, ev, now)
 
 
+#: the ``redelivered`` reasons of a copy that arrives from another queue (a new message id)
+_MOVED_IN = frozenset({"retry", "redrive"})
 #: the ``redelivered`` reasons of a message its consumer lost without settling it
 _UNSETTLED = frozenset({"consumer-isolated", "channel-closed"})
 
@@ -744,7 +746,11 @@ _UNSETTLED = frozenset({"consumer-isolated", "channel-closed"})
 def _on_redelivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
     q = r.queue(ev)
     m = q.held.get(ev[MID])
-    if m is None or m[2] == READY:
+    if m is None:
+        if ev[REASON] in _MOVED_IN:  # a copy from a retry or dead-letter queue arrives
+            _on_published(r, ev, now)
+        return
+    if m[2] == READY:
         return
     if m[2] == UNACKED:
         if m[3] is not None and ev[REASON] in _UNSETTLED:
@@ -766,6 +772,17 @@ def _on_gone(r: Replayer, ev: Sequence[Any], now: float) -> None:
         return
     m = _take(q, ev[MID])
     if m is not None and m[2] == PENDING:
+        q.acks_total += 1
+
+
+def _on_removed(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    """removed: purged, or gone back to its queue from a retry queue or a dead-letter queue
+    (the core counts those two as settled: ``acks_total``)."""
+    q = r.queues.get((ev[VHOST], ev[QUEUE]))
+    if q is None:
+        return
+    m = _take(q, ev[MID])
+    if m is not None and (m[2] == PENDING or ev[REASON] in ("retry", "redrive")):
         q.acks_total += 1
 
 
@@ -825,6 +842,8 @@ _HANDLERS: dict[str, Callable[[Replayer, Sequence[Any], float], None]] = {
     "rejected": _on_rejected,
     "redelivered": _on_redelivered,
     "dead_lettered": _on_gone,
+    "enqueued": _on_published,
+    "removed": _on_removed,
     "dropped": _on_gone,
     "expired": _on_gone,
     "consumer_added": _on_consumer_added,

@@ -533,7 +533,7 @@ class BrokerAPI:
 
         :raises NotFound: no such queue.
         """
-        return self._queue(vhost, name).purge()
+        return fate.purge(self._queue(vhost, name))
 
     def close_channel(self, connection_id: str, channel_id: int, code: int, text: str) -> bool:
         """Close one channel from the broker's side (its connection stays open). False if there

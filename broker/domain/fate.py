@@ -18,6 +18,8 @@ or taken back from an isolated consumer is one function of this module:
 :func:`reconsume`           a consumer asked to retry a delivery: a copy to the retry queue or DLQ
 :func:`retry_due`           a retry queue's hold ran out: the message goes back to its target
 :func:`redrive`             a dead-letter queue's messages go back to where they died
+:func:`enqueue`             the broker puts a message on queues: a dead letter, a delayed release
+:func:`purge`               queue.purge: the ready messages leave
 :func:`plan_redrive`        which of them would go where (a dry run, and each paced step)
 :func:`isolate`             blocklist a consumer and requeue its unacked messages to the others
 :func:`release`             take a consumer off the blocklist
@@ -30,10 +32,11 @@ or taken back from an isolated consumer is one function of this module:
 The session (the basic.* methods, channel close, basic.recover), the core API (isolation,
 release, redrive), the queue (expiry, overflow, retry holds) call these; the message-event hooks
 (``broker_message_acked``, ``..._rejected``, ``..._redelivered``, ``..._dead_lettered``,
-``..._expired``, ``..._dropped``, ``broker_consumer_isolated``, ``..._released``) and the
-decision hooks (``broker_reject_decision``, ``broker_redelivery_delay``,
-``broker_dead_letter_target``) are called from here and from nowhere else, so no path can miss
-one. The queue keeps only the primitives (take from the ready list, put back, forget).
+``..._enqueued``, ``..._removed``, ``..._expired``, ``..._dropped``,
+``broker_consumer_isolated``, ``..._released``) and the decision hooks
+(``broker_reject_decision``, ``broker_redelivery_delay``, ``broker_dead_letter_target``) are
+called from here and from nowhere else, so no path can miss one. The queue keeps only the
+primitives (take from the ready list, put back, forget).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
 
     from broker.domain.message import Message
     from broker.domain.queue import Consumer, Queue
+    from broker.domain.vhost import VirtualHost
 
 log = logging.getLogger("broker.vhost")
 policy_log = logging.getLogger("broker.policy")
@@ -410,11 +414,43 @@ def dead_letter(q: Queue, msg: Message, reason: str) -> bool:
         )
     q.dead_lettered_total += 1
     if queues:
-        taken, _ = vh.deliver_to_queues(queues, dead)
+        taken = enqueue(vh, queues, dead, "dead-letter")
         for t in taken:
             counts = vh.dead_letter_queues.setdefault(t.name, {})
             counts[reason] = counts.get(reason, 0) + 1
     return True
+
+
+def enqueue(vh: VirtualHost, queues: Sequence[Queue], msg: Message, reason: str) -> list[Queue]:
+    """The broker itself puts ``msg`` on ``queues`` (a dead letter on its dead-letter queues,
+    ``reason`` ``dead-letter``; a delayed message released, ``delayed``): enqueued, then
+    ``broker_message_enqueued`` for each queue that took it. Returns those queues."""
+    taken, _ = vh.deliver_to_queues(list(queues), msg)
+    h = vh.hooks.message_enqueued
+    if h is not None:
+        for t in taken:
+            h(vhost=vh.name, queue=t.name, message=msg, reason=reason)
+    return taken
+
+
+def removed(q: Queue, msg: Message, reason: str) -> None:
+    """``msg`` left ``q`` otherwise than by a settle, an expiry, a dead letter or a drop."""
+    vh = q.vhost
+    h = vh.hooks.message_removed
+    if h is not None:
+        h(vhost=vh.name, queue=q.name, message=msg, reason=reason)
+
+
+def purge(q: Queue) -> int:
+    """queue.purge: the ready messages of ``q`` leave (``broker_message_removed``, reason
+    ``purged``, for each); unacked ones stay with their consumers. Returns how many left."""
+    msgs = q.purge()
+    h = q.vhost.hooks.message_removed
+    if h is not None:
+        vname = q.vhost.name
+        for m in msgs:
+            h(vhost=vname, queue=q.name, message=m, reason="purged")
+    return len(msgs)
 
 
 #: header of a dead letter: the delivery count the message had when it died
@@ -563,7 +599,9 @@ def retry_due(retry_q: Queue, msg: Message) -> None:
         drop(retry_q, msg, "no-target")
         return
     why = cannot_move(retry_q, msg, target)
-    if why is not None or forward(retry_q, msg, target, "retry", reset_count=False) is None:
+    if why is None and forward(retry_q, msg, target, "retry", reset_count=False) is not None:
+        removed(retry_q, msg, "retry")
+    else:
         log.warning(
             "retry queue '%s' in vhost '%s': message %d could not go back to queue '%s' (%s); "
             "dropped",
@@ -784,6 +822,7 @@ def redrive_one(q: Queue, m: Message, target: Queue, *, reset: bool) -> bool:
         return False
     q.take_ready(m)
     q.settle(m)
+    removed(q, m, "redrive")
     return True
 
 

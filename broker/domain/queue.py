@@ -461,13 +461,14 @@ class Queue:
         self.delivered_total += 1
         return m
 
-    def purge(self) -> int:
+    def purge(self) -> list[Message]:
+        """Let go of every ready message (unacked ones stay); :func:`fate.purge` calls this."""
         self.moved_waiting.clear()
         msgs = self.ready.drain()
         self.ready_bytes = 0
         for m in msgs:
             self._forget(m)
-        return len(msgs)
+        return msgs
 
     # ----------------------------------------------------------------- expiry
 

@@ -15,6 +15,7 @@ from broker.codec.ids import (
     QUEUE_DELETE,
     QUEUE_UNBIND,
 )
+from broker.domain import fate
 from broker.domain.exchange import (
     DELAYED_TYPE,
     EXCHANGE_TYPES,
@@ -520,7 +521,7 @@ class VirtualHost:
         )
         h = self.hooks.queue_deleted
         if h is not None:
-            h(vhost=self.name, queue=q.name, reason=reason)
+            h(vhost=self.name, queue=q.name, reason=reason, messages=len(msgs))
         return count
 
     # ----------------------------------------------------------------- dead-letter targets
@@ -743,7 +744,7 @@ class VirtualHost:
                 self.store.remove_delayed(self.name, msg)
             return
         msg.arrival = self.clock.monotonic()
-        self.deliver_to_queues(self.route(ex, msg), msg)
+        fate.enqueue(self, self.route(ex, msg), msg, "delayed")
         if held_on_disk:  # after the enqueue: a crash in between duplicates, never loses
             self.store.remove_delayed(self.name, msg)
 

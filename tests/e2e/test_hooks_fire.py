@@ -77,6 +77,11 @@ def test_every_hook_is_called_by_the_core(broker_factory):
     assert iso["queue"] == "iso" and iso["moved"] >= 1
     assert {c["outcome"] for c in calls["broker_policy_action"]} >= {"applied"}
     assert any(c["queue"] == "dl" for c in calls["broker_delivery_limit"])
+    assert any(
+        c["queue"] == "plain" and c["reason"] == "purged" for c in calls["broker_message_removed"]
+    )
+    assert any(c["reason"] == "dead-letter" for c in calls["broker_message_enqueued"])
+    assert all(isinstance(c["messages"], int) for c in calls["broker_queue_deleted"])
 
 
 def scenario(b) -> None:
@@ -89,6 +94,9 @@ def scenario(b) -> None:
         ch.basic_publish(amqp.Message("hello"), "", "plain")
         m = ch.basic_get("plain")
         ch.basic_ack(m.delivery_tag)
+        # purged (removed)
+        ch.basic_publish(amqp.Message("purge me"), "", "plain")
+        assert ch.queue_purge("plain") == 1
         # rejected with requeue (redelivered, redelivery delay, reject decision), then past the
         # delivery limit (dead-lettered to a DLQ chosen by the dead-letter target hook)
         ch.queue_declare("dl", durable=False, auto_delete=False)
