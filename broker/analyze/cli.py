@@ -94,6 +94,16 @@ def add_subparsers(sub: Any) -> None:
         help="lowest ackTimeout to propose (default 5m, as the TDMQ design advises)",
     )
     c.add_argument("--policy", default="Log", help="<policy name> to propose (default Log)")
+    c.add_argument(
+        "--no-backtest",
+        action="store_true",
+        help="do not backtest the proposal over the same journal (faster; the comment says so)",
+    )
+    c.add_argument(
+        "--every",
+        type=parse_duration,
+        help="check period of that backtest (default: about 1/240 of the journal, 0.25s to 5s)",
+    )
     c.set_defaults(func=cmd_recommend)
 
 
@@ -174,6 +184,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             policy=args.policy,
             quiet=args.quiet,
             scratch=args.scratch,
+            check=not args.no_backtest,
+            every=args.every,
         )
         print(result.xml, end="")
         return 0

@@ -12,14 +12,30 @@ For each queue with enough traffic:
   to be switched to ``Delete`` once a backtest shows whom it would hit.
 
 Topic subscriptions (server-named, exclusive or auto-delete queues bound to a topic exchange)
-are grouped by binding key into one ``<topic key>`` each; other queues get a ``<queue name>``.
-The snippet is a ``<virtualhost>`` element per vhost, which validates against
+are grouped by binding (exchange and key) into one ``<topic key>`` each; other queues get a
+``<queue name>``. The snippet is a ``<virtualhost>`` element per vhost, which validates against
 ``config/plugbroker.xsd`` when put inside ``<broker>``.
+
+Its promises, each kept here rather than left to the reader:
+
+* a queue (or topic group) with fewer than ``min_samples`` acks is listed in a comment only;
+* dead-letter queues and retry queues are left out (in a comment): the broker never applies a
+  slow-consumer section to them, and their backlog says nothing about a consumer;
+* a server-named queue (``amq.gen-...``) that is not a topic subscription gets no
+  ``<queue name>`` (the next one will have another name), only a comment;
+* no proposed threshold would have missed an action the running broker really took: a
+  threshold that the journal shows was passed by an applied action (its measured value) is
+  lowered to the running broker's configured value, then the whole snippet is backtested over
+  the same journal (:func:`broker.analyze.backtest.backtest`, every check at a short period)
+  and each real action must be matched by a would-be one on the same queue (and consumer, for
+  isolation), no later; a threshold the backtest still shows missing one is withdrawn. The
+  header comment says what the backtest found.
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +52,7 @@ from broker.analyze.events import (
 )
 from broker.analyze.spark import Progress, Scratch, get_spark
 from broker.config import DEFAULT_TOPIC_EXCHANGE
-from broker.config.units import format_duration
+from broker.config.units import format_duration, format_size
 
 NICE_DURATIONS = (
     1,
@@ -139,12 +155,21 @@ def recommend(
     quiet: bool = False,
     policy: str = "Log",
     scratch: str | None = None,
+    check: bool = True,
+    every: float | None = None,
 ) -> Recommendation:
-    """Propose ``<queue>``/``<topic>`` settings from the journal at ``journal``."""
+    """Propose ``<queue>``/``<topic>`` settings from the journal at ``journal``.
+
+    :param check: backtest the proposal over the same journal (see :func:`verify`) and say
+        what it found in the header comment; thresholds it shows missing a real action are
+        withdrawn.
+    :param every: the backtest's check period (seconds); by default the report's time bucket
+        (about 1/240 of the journal), between 0.25 s and 5 s.
+    """
     from pyspark.sql import functions as F
 
     spark = spark or get_spark(master)
-    progress = Progress("recommend", 4, spark=spark, quiet=quiet)
+    progress = Progress("recommend", 5 if check else 4, spark=spark, quiet=quiet)
     progress.step(f"reading {journal}")
     events = read_events(spark, journal)
     run_table = runs(events).cache()
@@ -209,6 +234,34 @@ def recommend(
         .collect()
     }
     run_table.unpersist()
+    targets = frozenset(
+        (r["vhost"], r["queue"])
+        for r in events.where(
+            ((ev == "enqueued") & (F.col("reason") == "dead-letter"))
+            | ((ev == "removed") & F.col("reason").isin("retry", "redrive"))
+            | ((ev == "published") & (F.col("exchange") == "amq.retry"))
+        )
+        .select("vhost", "queue")
+        .union(  # version 1 journals: a dead letter sent through the default exchange
+            events.where((ev == "dead_lettered") & (F.col("exchange") == "")).select(
+                "vhost", F.col("routing_key").alias("queue")
+            )
+        )
+        .where(F.col("queue").isNotNull())
+        .distinct()
+        .collect()
+    )
+    actual = [
+        r.asDict()
+        for r in events.where(
+            (ev == "policy_action")
+            & (F.col("outcome") == "applied")
+            & F.col("threshold").isNotNull()
+        )
+        .select("vhost", "queue", "threshold", "configured", "measured")
+        .distinct()
+        .collect()
+    ]
 
     figures: list[QueueFigures] = []
     for key in sorted(set(lat) | set(backlog) | set(info)):
@@ -239,25 +292,79 @@ def recommend(
         "start": t0,
         "end": t1,
     }
-    xml = render_xml(figures, settings)
+    sections = plan(figures, settings, targets=targets, actual=actual)
+    if check:
+        progress.step("backtesting the proposal over the same journal")
+        period = every if every is not None else min(max(step, 0.25), 5.0)
+        settings["backtest"] = verify(journal, sections, settings, spark=spark, every=period)
+    else:
+        settings["backtest_skipped"] = True
+    xml = render_xml(figures, settings, sections)
     progress.say(f"recommendations for {len(figures)} queue(s)")
     return Recommendation(xml, figures, settings)
 
 
-def _consumer_xml(
-    max_messages: int, max_bytes: int, max_age: float, headroom: float, policy: str, indent: str
-) -> str:
-    count = nice_count(headroom * max_messages, 100)
-    depth = nice_size(headroom * max_bytes, 1024 * 1024)
-    age = format_duration(nice_seconds(headroom * max_age, 60.0))
-    return (
-        f"{indent}<consumer>\n"
-        f"{indent}  <depth>{depth}</depth>\n"
-        f"{indent}  <messageAge>{age}</messageAge>\n"
-        f"{indent}  <messageCount>{count}</messageCount>\n"
-        f"{indent}  <policy name={quoteattr(policy)}/>\n"
-        f"{indent}</consumer>\n"
-    )
+#: the journal's ``threshold`` names of a ``<consumer>`` section, and of ``<isolation>``
+CONSUMER_FAMILY = frozenset({"depth", "messageCount", "messageAge", "consumptionRate"})
+ISOLATION_FAMILY = frozenset({"ackTimeout"})
+
+
+def family(threshold: str | None) -> str:
+    """``consumer`` (slow-consumer thresholds), ``isolation`` (ackTimeout) or ``other``."""
+    if threshold in CONSUMER_FAMILY:
+        return "consumer"
+    if threshold in ISOLATION_FAMILY:
+        return "isolation"
+    return "other"
+
+
+@dataclass
+class Section:
+    """One proposed ``<queue name>`` or ``<topic key>`` element, or (no ``values``) a queue or
+    group listed in a comment only."""
+
+    vhost: str
+    kind: str  # "queue" or "topic"
+    name: str  # the queue name, or the binding key
+    exchange: str  # the topic exchange ("" for a queue)
+    members: list[QueueFigures]
+    comment: str
+    #: threshold -> value: depth (bytes), messageCount, messageAge and ackTimeout (seconds)
+    values: dict[str, float] = field(default_factory=dict)
+    #: why a value is not the plain rule's (lowered to keep a real action, withdrawn)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def queues(self) -> set[str]:
+        return {m.queue for m in self.members}
+
+    def proposes(self, fam: str) -> bool:
+        return any(family(t) == fam for t in self.values)
+
+
+def fmt_threshold(threshold: str, value: float) -> str:
+    """A threshold's value as the XML takes it."""
+    if threshold == "depth":
+        return format_size(int(value))
+    if threshold == "messageCount":
+        return str(int(value))
+    return format_duration(value)
+
+
+def _nice_bytes(v: float, floor: int) -> int:
+    from broker.config.units import parse_size
+
+    return parse_size(nice_size(v, floor))
+
+
+def _consumer_values(
+    max_messages: int, max_bytes: int, max_age: float, headroom: float
+) -> dict[str, float]:
+    return {
+        "depth": float(_nice_bytes(headroom * max_bytes, 1024 * 1024)),
+        "messageAge": nice_seconds(headroom * max_age, 60.0),
+        "messageCount": float(nice_count(headroom * max_messages, 100)),
+    }
 
 
 def _ms(v: float | None) -> str:
@@ -266,73 +373,263 @@ def _ms(v: float | None) -> str:
     return fmt_dur(v)
 
 
-def render_xml(figures: list[QueueFigures], settings: dict[str, Any]) -> str:
+def plan(
+    figures: list[QueueFigures],
+    settings: dict[str, Any],
+    *,
+    targets: frozenset[tuple[str, str]] = frozenset(),
+    actual: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+) -> list[Section]:
+    """The sections to propose, by the rules (see the module docstring), before the backtest.
+
+    :param targets: ``(vhost, queue)`` of every dead-letter and retry queue seen.
+    :param actual: the running broker's applied policy actions (journal ``policy_action`` rows
+        with ``vhost``, ``queue``, ``threshold``, ``configured``, ``measured``).
+    """
+    headroom = settings["headroom"]
+    min_samples = settings["min_samples"]
+    sections: list[Section] = []
+    topics: dict[tuple[str, str, str], list[QueueFigures]] = {}
+    for f in figures:
+        if (f.vhost, f.queue) in targets:
+            sections.append(
+                Section(
+                    f.vhost,
+                    "queue",
+                    f.queue,
+                    "",
+                    [f],
+                    f"{f.queue}: a dead-letter or retry queue; left out (the broker applies no "
+                    "slow-consumer section to one)",
+                )
+            )
+            continue
+        if f.is_subscription:
+            for ex, key in f.topic_bindings:
+                topics.setdefault((f.vhost, ex, key), []).append(f)
+            continue
+        if f.queue.startswith("amq.gen-"):
+            sections.append(
+                Section(
+                    f.vhost,
+                    "queue",
+                    f.queue,
+                    "",
+                    [f],
+                    f"{f.queue}: server-named and not bound to a topic exchange; the next one "
+                    "will have another name, so nothing is proposed for it",
+                )
+            )
+            continue
+        summary = (
+            f"{f.queue}: {f.acked:,} acks, processing time p50 {_ms(f.p50)} p99 {_ms(f.p99)} "
+            f"p99.9 {_ms(f.p999)} max {_ms(f.latency_max)}; largest backlog "
+            f"{f.max_messages:,} messages ({f.max_bytes:,} bytes), oldest {_ms(f.max_age)}; "
+            f"{f.consumers} consumer(s), {f.subscription}"
+        )
+        sec = Section(f.vhost, "queue", f.queue, "", [f], summary)
+        if f.acked < min_samples:
+            sec.comment = (
+                f"{f.queue}: {f.acked} ack(s), fewer than {min_samples}: too little traffic "
+                f"to recommend anything (largest backlog {f.max_messages:,} messages)"
+            )
+        else:
+            if f.subscription == "shared" and f.consumers >= 2 and f.p999 is not None:
+                sec.values["ackTimeout"] = nice_seconds(
+                    settings["ack_factor"] * f.p999, settings["min_ack_timeout"]
+                )
+            sec.values.update(_consumer_values(f.max_messages, f.max_bytes, f.max_age, headroom))
+        sections.append(sec)
+    for (vhost, ex, key), members in sorted(topics.items()):
+        acked = sum(m.acked for m in members)
+        mm = max(m.max_messages for m in members)
+        mb = max(m.max_bytes for m in members)
+        ma = max(m.max_age for m in members)
+        sec = Section(
+            vhost,
+            "topic",
+            key,
+            ex,
+            members,
+            f"topic {key} on {ex}: {len(members)} subscription queue(s), {acked:,} acks; "
+            f"largest backlog {mm:,} messages ({mb:,} bytes), oldest {_ms(ma)}",
+        )
+        if acked < min_samples:
+            sec.comment = (
+                f"topic {key} on {ex}: {len(members)} subscription queue(s), {acked} ack(s), "
+                f"fewer than {min_samples}: too little traffic to recommend anything "
+                f"(largest backlog {mm:,} messages)"
+            )
+        else:
+            sec.values.update(_consumer_values(mm, mb, ma, headroom))
+        sections.append(sec)
+    for sec in sections:
+        _keep_real_actions(sec, actual)
+    return sections
+
+
+def _keep_real_actions(sec: Section, actual: Any) -> None:
+    """Lower each value that an applied action of the running broker passed (its measured
+    value was not above it, so the threshold would have missed it) to the running broker's
+    configured value, which caught it."""
+    for t in list(sec.values):
+        real = [
+            a
+            for a in actual
+            if a["vhost"] == sec.vhost
+            and a["queue"] in sec.queues
+            and a["threshold"] == t
+            and a["measured"] is not None
+            and a["configured"] is not None
+        ]
+        if not real:
+            continue
+        worst = min(real, key=lambda a: a["measured"])
+        if sec.values[t] < worst["measured"]:
+            continue
+        running = min(a["configured"] for a in real)
+        sec.notes.append(
+            f"{t} {fmt_threshold(t, running)}, not {fmt_threshold(t, sec.values[t])}: the "
+            f"running broker's, which acted on {worst['queue']} at {t} "
+            f"{fmt_threshold(t, worst['measured'])}"
+        )
+        sec.values[t] = running
+
+
+def verify(
+    journal: str | Path,
+    sections: list[Section],
+    settings: dict[str, Any],
+    *,
+    spark: Any,
+    every: float,
+) -> dict[str, Any]:
+    """Backtest the proposed sections over the same journal; withdraw any threshold that still
+    misses an action the broker really took. Returns what the backtest found (for the
+    comment): ``every``, ``actions`` (real ones on the proposed queues), ``caught``,
+    ``withdrawn`` (descriptions)."""
+    from broker.analyze.backtest import backtest
+
+    with tempfile.TemporaryDirectory(prefix="plugbroker-recommend-") as tmp:
+        path = Path(tmp) / "recommended.xml"
+        path.write_text(f"<broker>\n{render_xml([], settings, sections)}</broker>\n")
+        bt = backtest(journal, path, spark=spark, every=every, quiet=True)
+    owner: dict[tuple[str, str], Section] = {}
+    for sec in sections:
+        for q in sec.queues:
+            owner[(sec.vhost, q)] = sec
+    relevant = []
+    for a in bt.actual:
+        mine = owner.get((a["vhost"], a["queue"]))
+        if a["outcome"] != "applied" or mine is None or not mine.proposes(family(a["threshold"])):
+            continue
+        relevant.append((a, mine))
+    withdrawn: list[str] = []
+    caught = 0
+    for a, sec in relevant:
+        fam = family(a["threshold"])
+        hit = any(
+            w["vhost"] == a["vhost"]
+            and w["queue"] == a["queue"]
+            and family(w["threshold"]) == fam
+            and (fam != "isolation" or w["consumer_tag"] == a["consumer_tag"])
+            and w["at"] <= a["ts"] + every + 1e-6
+            for w in bt.actions
+        )
+        if hit:
+            caught += 1
+            continue
+        if not sec.proposes(fam):
+            continue  # withdrawn for an earlier miss
+        gone = [t for t in sec.values if family(t) == fam]
+        for t in gone:
+            del sec.values[t]
+        note = (
+            f"{', '.join(gone)} withdrawn: the backtest missed the running broker's "
+            f"{a['action']} on {a['queue']} ({a['threshold']} {a['measured']:g})"
+        )
+        sec.notes.append(note)
+        withdrawn.append(note)
+    return {"every": every, "actions": len(relevant), "caught": caught, "withdrawn": withdrawn}
+
+
+def _consumer_xml(values: dict[str, float], policy: str, indent: str) -> str:
+    lines = [f"{indent}<consumer>\n"]
+    for t in ("depth", "messageAge", "messageCount"):
+        if t in values:
+            lines.append(f"{indent}  <{t}>{fmt_threshold(t, values[t])}</{t}>\n")
+    lines.append(f"{indent}  <policy name={quoteattr(policy)}/>\n")
+    lines.append(f"{indent}</consumer>\n")
+    return "".join(lines)
+
+
+def _comment(text: str) -> str:
+    # "--" may not appear inside an XML comment
+    return escape(text).replace("--", "- -")
+
+
+def render_xml(
+    figures: list[QueueFigures],
+    settings: dict[str, Any],
+    sections: list[Section] | None = None,
+) -> str:
+    """The snippet: a header comment, then one ``<virtualhost>`` per vhost."""
     from broker.analyze.htmlreport import fmt_time
 
+    if sections is None:
+        sections = plan(figures, settings)
     headroom = settings["headroom"]
     policy = settings["policy"]
-    out = [
-        (
-            f"<!-- plugbroker analyze recommend: {escape(settings['journal'])}, "
-            f"{fmt_time(settings['start'], True)} to {fmt_time(settings['end'], True)}; "
-            f"thresholds at {headroom:g}x the largest backlog seen, ackTimeout at "
-            f"{settings['ack_factor']:g}x the p99.9 processing time (at least "
-            f"{format_duration(settings['min_ack_timeout'])}). policy {policy}: a dry run; "
-            f"backtest, then switch to Delete. -->\n"
+    header = (
+        f"plugbroker analyze recommend: {settings['journal']}, "
+        f"{fmt_time(settings['start'], True)} to {fmt_time(settings['end'], True)}; "
+        f"thresholds at {headroom:g}x the largest backlog seen, ackTimeout at "
+        f"{settings['ack_factor']:g}x the p99.9 processing time (at least "
+        f"{format_duration(settings['min_ack_timeout'])}); fewer than "
+        f"{settings['min_samples']} acks: a comment only; dead-letter and retry queues left "
+        f"out. policy {policy}: a dry run; backtest, then switch to Delete."
+    )
+    check = settings.get("backtest")
+    if check is not None:
+        header += (
+            f" Backtested over the same journal (every check at {format_duration(check['every'])}"
+            f"): these thresholds catch {check['caught']} of the {check['actions']} action(s) "
+            "the running broker took on these queues"
         )
-    ]
-    by_vhost: dict[str, list[QueueFigures]] = {}
-    for f in figures:
-        by_vhost.setdefault(f.vhost, []).append(f)
-    for vhost, qs in by_vhost.items():
+        header += (
+            f"; {len(check['withdrawn'])} threshold(s) withdrawn." if check["withdrawn"] else "."
+        )
+    elif settings.get("backtest_skipped"):
+        header += " Not backtested (--no-backtest)."
+    out = [f"<!-- {_comment(header)} -->\n"]
+    by_vhost: dict[str, list[Section]] = {}
+    for sec in sections:
+        by_vhost.setdefault(sec.vhost, []).append(sec)
+    for vhost, secs in by_vhost.items():
         out.append(f"<virtualhost name={quoteattr(vhost)}>\n")
-        topics: dict[tuple[str, str], list[QueueFigures]] = {}
-        for f in qs:
-            if f.is_subscription:
-                for ex, key in f.topic_bindings:
-                    topics.setdefault((ex, key), []).append(f)
+        for sec in secs:
+            out.append(f"  <!-- {_comment(sec.comment)} -->\n")
+            for note in sec.notes:
+                out.append(f"  <!-- {_comment(note)} -->\n")
+            if not sec.values:
                 continue
-            if f.acked < settings["min_samples"] and not f.max_messages:
-                out.append(
-                    f"  <!-- {escape(f.queue)}: {f.acked} ack(s), too little traffic "
-                    "to recommend anything -->\n"
+            if sec.kind == "queue":
+                out.append(f"  <queue name={quoteattr(sec.name)}>\n")
+            else:
+                ex_attr = (
+                    ""
+                    if sec.exchange == DEFAULT_TOPIC_EXCHANGE
+                    else f" exchange={quoteattr(sec.exchange)}"
                 )
-                continue
-            out.append(
-                f"  <!-- {escape(f.queue)}: {f.acked:,} acks, processing time p50 "
-                f"{_ms(f.p50)} p99 {_ms(f.p99)} p99.9 {_ms(f.p999)} max "
-                f"{_ms(f.latency_max)}; largest backlog {f.max_messages:,} messages "
-                f"({f.max_bytes:,} bytes), oldest {_ms(f.max_age)}; {f.consumers} "
-                f"consumer(s), {escape(f.subscription)} -->\n"
-            )
-            out.append(f"  <queue name={quoteattr(f.queue)}>\n")
-            if (
-                f.subscription == "shared"
-                and f.consumers >= 2
-                and f.p999 is not None
-                and f.acked >= settings["min_samples"]
-            ):
-                timeout = nice_seconds(settings["ack_factor"] * f.p999, settings["min_ack_timeout"])
+                out.append(f"  <topic key={quoteattr(sec.name)}{ex_attr}>\n")
+            if "ackTimeout" in sec.values:
                 out.append(
-                    f"    <isolation><ackTimeout>{format_duration(timeout)}</ackTimeout>"
+                    "    <isolation><ackTimeout>"
+                    f"{fmt_threshold('ackTimeout', sec.values['ackTimeout'])}</ackTimeout>"
                     "</isolation>\n"
                 )
-            out.append(
-                _consumer_xml(f.max_messages, f.max_bytes, f.max_age, headroom, policy, "    ")
-            )
-            out.append("  </queue>\n")
-        for (ex, key), members in sorted(topics.items()):
-            mm = max(m.max_messages for m in members)
-            mb = max(m.max_bytes for m in members)
-            ma = max(m.max_age for m in members)
-            ex_attr = "" if ex == DEFAULT_TOPIC_EXCHANGE else f" exchange={quoteattr(ex)}"
-            out.append(
-                f"  <!-- topic {escape(key)} on {escape(ex)}: {len(members)} "
-                f"subscription queue(s); largest backlog {mm:,} messages ({mb:,} bytes),"
-                f" oldest {_ms(ma)} -->\n"
-            )
-            out.append(f"  <topic key={quoteattr(key)}{ex_attr}>\n")
-            out.append(_consumer_xml(mm, mb, ma, headroom, policy, "    "))
-            out.append("  </topic>\n")
+            if any(family(t) == "consumer" for t in sec.values):
+                out.append(_consumer_xml(sec.values, policy, "    "))
+            out.append(f"  </{sec.kind}>\n")
         out.append("</virtualhost>\n")
     return "".join(out)
