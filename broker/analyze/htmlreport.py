@@ -18,7 +18,7 @@ body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:
 background:#f3f4f6}
 header{background:#111827;color:#f9fafb;padding:18px 28px}
 header h1{margin:0 0 4px;font-size:22px}header p{margin:0;color:#d1d5db}
-main{padding:18px 28px;max-width:1500px}
+main{padding:18px 28px;max-width:1500px;box-sizing:border-box}
 h2{font-size:18px;margin:28px 0 10px;border-bottom:2px solid #d1d5db;padding-bottom:4px}
 h3{font-size:15px;margin:0 0 6px}
 .cards{display:flex;flex-wrap:wrap;gap:10px}
@@ -29,8 +29,15 @@ h3{font-size:15px;margin:0 0 6px}
 .plots{display:flex;flex-wrap:wrap;gap:8px}
 .facts{color:#4b5563;font-size:13px;margin-bottom:6px}
 table{border-collapse:collapse;background:#fff;font-size:12.5px;box-shadow:0 1px 2px #0002}
-th,td{padding:4px 8px;border-bottom:1px solid #e5e7eb;text-align:right;white-space:nowrap}
-th{background:#f9fafb;position:sticky;top:0}td.l,th.l{text-align:left}
+th,td{padding:4px 6px;border-bottom:1px solid #e5e7eb;text-align:right;white-space:nowrap}
+th{background:#f9fafb;position:sticky;top:0;white-space:normal;vertical-align:bottom}
+td.l,th.l{text-align:left}td.l{white-space:normal;overflow-wrap:anywhere;min-width:7em}
+td .sub{display:block;color:#6b7280;font-size:11px}
+h3 .sub{color:#6b7280;font-weight:400;font-size:12px;margin-left:8px}
+dl.legend{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;font-size:13px;
+          background:#fff;padding:8px 12px;border-radius:8px;box-shadow:0 1px 2px #0002;
+          max-width:1000px}
+dl.legend dt{font-weight:600}dl.legend dd{margin:0;color:#374151}
 tr.warn td{background:#fef2f2}
 .scroll{max-height:460px;overflow:auto;display:inline-block;max-width:100%}
 .warn{color:#b91c1c}.muted{color:#6b7280}
@@ -134,7 +141,7 @@ def line_chart(
     series: Sequence[tuple[str, Sequence[float]]],
     *,
     y_fmt: Callable[[Any], str] = fmt_num,
-    width: int = 310,
+    width: int = 290,
     height: int = 190,
     xlim: tuple[float, float] | None = None,
 ) -> str:
@@ -203,13 +210,29 @@ def bar_chart(
     labels: Sequence[str],
     values: Sequence[float],
     *,
-    width: int = 310,
+    width: int = 290,
     height: int = 190,
     color: str = PALETTE[0],
     highlight: Iterable[int] = (),
 ) -> str:
-    """Vertical bars with a label under each (every other label when they are crowded)."""
+    """Vertical bars with a label under each (every other label when they are crowded).
+
+    Labels that do not fit side by side are tilted; the margins grow to hold the longest one
+    (about 6.5 px per character at 11 px), so no label is cut off at the edge of the plot."""
     left, right, top, bottom = 46, 8, 24, 46
+    n = max(len(values), 1)
+    longest = max((len(label) for label in labels), default=1)
+    bw = (width - left - right) / n
+    upright = bw >= 6.5 * longest + 4  # labels fit side by side: no need to tilt them
+    if not upright:
+        # a label tilted by 35 degrees reaches cos(35) x its length to the left of its bar's
+        # middle, and sin(35) x its length down
+        first = len(labels[0]) if labels else 1
+        left = max(left, math.ceil(5.4 * first - bw / 2) + 4)
+        bw = (width - left - right) / n
+        extra = max(0, math.ceil(3.8 * longest) + 18 - bottom)
+        bottom += extra
+        height += extra
     pw, ph = width - left - right, height - top - bottom
     out = [
         _svg_open(width, height, title),
@@ -220,8 +243,6 @@ def bar_chart(
         out.append(f'<text x="{left + 10}" y="{top + ph / 2}">no data</text></svg>')
         return "".join(out)
     ymax = _nice_max(max(values))
-    n = len(values)
-    bw = pw / n
     hl = set(highlight)
     for i in range(5):
         y = ymax * i / 4
@@ -231,8 +252,6 @@ def bar_chart(
             f'stroke="#e5e7eb"/><text x="{left - 4}" y="{yy + 4:.1f}" '
             f'text-anchor="end">{esc(fmt_num(y))}</text>'
         )
-    longest = max((len(label) for label in labels), default=1)
-    upright = bw >= 6.5 * longest + 4  # labels fit side by side: no need to tilt them
     every = 1 if upright else max(1, math.ceil(n * 34 / pw))
     for i, (label, v) in enumerate(zip(labels, values)):
         h = v / ymax * ph
@@ -258,6 +277,102 @@ def bar_chart(
     return "".join(out)
 
 
+def hbar_chart(
+    title: str,
+    labels: Sequence[str],
+    values: Sequence[float],
+    *,
+    width: int = 640,
+    color: str = PALETTE[0],
+) -> str:
+    """Horizontal bars, one row per label, the label in full on the left of its bar."""
+    row = 20
+    longest = max((len(label) for label in labels), default=1)
+    left = min(max(80, math.ceil(6.5 * longest) + 14), width // 2)
+    right, top = 60, 28
+    height = top + row * max(len(values), 1) + 10
+    pw = width - left - right
+    out = [
+        _svg_open(width, height, title),
+        f'<rect width="{width}" height="{height}" fill="#fff"/>',
+        f'<text x="6" y="15" font-weight="600">{esc(title)}</text>',
+    ]
+    if not values or max(values) <= 0:
+        out.append(f'<text x="{left}" y="{top + 14}">no data</text></svg>')
+        return "".join(out)
+    vmax = max(values)
+    for i, (label, v) in enumerate(zip(labels, values)):
+        y = top + i * row
+        w = max(v / vmax * pw, 1.0)
+        out.append(
+            f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{esc(label)}</text>'
+            f'<rect x="{left}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" fill="{color}">'
+            f"<title>{esc(label)}: {v:g}</title></rect>"
+            f'<text x="{left + w + 4:.1f}" y="{y + 14}">{esc(fmt_num(v))}</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+#: what each ``outcome`` of a policy action means (the page's legend)
+OUTCOMES = (
+    ("applied", "the core did it (a channel closed, a queue deleted, a consumer isolated ...)"),
+    (
+        "spared",
+        "the policy chose not to act this time (e.g. a consumer it protects); nothing happened",
+    ),
+    ("logged", "a dry run (policy Log): only logged, nothing happened"),
+    (
+        "stale",
+        "the action found nothing to act on when the core came to do it (the consumer or queue "
+        "was already gone, or the figure was back under its threshold); nothing happened",
+    ),
+    (
+        "deferred",
+        "held back by the vhost's <blastRadius> budget; the policy asks again at its next check",
+    ),
+)
+#: what the fates and reasons of the dead-letter table mean
+FATES = (
+    ("dead-lettered", "republished to the queue's dead-letter target (a DLQ), with x-death"),
+    ("dropped", "discarded: the queue had no dead-letter target"),
+    ("rejected", "a consumer rejected or nacked it without requeue"),
+    ("expired", "its TTL ran out while it waited"),
+    ("maxlen", "the queue's length limit pushed it out"),
+    ("delivery_limit", "redelivered or retried more than maxRedeliveries times"),
+    ("poison", "consumers kept taking it without settling it (see isolation)"),
+)
+
+
+def _legend(items: Sequence[tuple[str, str]]) -> str:
+    return (
+        "<dl class='legend'>"
+        + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items)
+        + "</dl>"
+    )
+
+
+def subscription_label(bindings: Sequence[tuple[str, str]]) -> str:
+    """``stocks.us.ibm on amq.topic`` (several bindings joined with ``;``)."""
+    return "; ".join(f"{key or '(empty key)'} on {ex}" for ex, key in bindings)
+
+
+def queue_cell(
+    vhost: str, queue: str, bindings: dict[tuple[str, str], list[tuple[str, str]]]
+) -> str:
+    """A queue for a table cell (HTML): a server-named queue by its bindings, with its name
+    under them; any other queue by its name."""
+    bound = bindings.get((vhost, queue))
+    if bound and queue.startswith("amq.gen-"):
+        return f"{esc(subscription_label(bound))}<span class='sub'>{esc(queue)}</span>"
+    return esc(queue)
+
+
+def _html(value: Any) -> str:
+    """A cell already rendered as HTML."""
+    return "" if value is None else str(value)
+
+
 # ------------------------------------------------------------------------------ the page
 
 
@@ -270,7 +385,7 @@ def _table(
     """An HTML table; text columns (formatted with :func:`esc`) left-aligned, numbers right."""
     if not rows:
         return '<p class="muted">none</p>'
-    align = ["l" if fmt is esc else "" for _, _, fmt in cols]
+    align = ["l" if fmt is esc or fmt is _html else "" for _, _, fmt in cols]
     head = "".join(f'<th class="{a}">{esc(title)}</th>' for a, (_, title, _) in zip(align, cols))
     body = []
     for r in rows:
@@ -328,8 +443,13 @@ def render(
     step: float,
     t0: float,
     t1: float,
+    bindings: dict[tuple[str, str], list[tuple[str, str]]] | None = None,
 ) -> str:
+    """The page. ``bindings``: each queue's ``(exchange, binding key)`` pairs, which label a
+    server-named subscription queue (``stocks.us.ibm on amq.topic``) where its name
+    (``amq.gen-...``) would tell an operator nothing."""
     ov = overview
+    bindings = bindings or {}
     by = ov["by_event"]
     lat = ov.get("latency") or {}
     n_cons = len(consumers)
@@ -388,6 +508,16 @@ def render(
         hi = max(hist, default=0)
         idx = list(range(lo, hi + 1))
         vhost = "" if key[0] == "/" else f" (vhost {key[0]})"
+        bound = bindings.get(key)
+        if bound and key[1].startswith("amq.gen-"):
+            heading = (
+                f"{esc(subscription_label(bound))}{esc(vhost)}"
+                f"<span class='sub'>subscription queue {esc(key[1])}</span>"
+            )
+        else:
+            heading = f"{esc(key[1])}{esc(vhost)}"
+            if bound:
+                heading += f"<span class='sub'>bound to {esc(subscription_label(bound))}</span>"
         facts = (
             f"published {fmt_num(q.get('published'))} · acked {fmt_num(q.get('acked'))} · "
             f"rejected {fmt_num(q.get('rejected'))} · redelivered "
@@ -400,7 +530,7 @@ def render(
             f"oldest {fmt_dur(q.get('max_oldest_age'))}"
         )
         parts.append(
-            f"<div class='queue'><h3>{esc(key[1])}{esc(vhost)}</h3>"
+            f"<div class='queue'><h3>{heading}</h3>"
             f"<div class='facts'>{facts}</div><div class='plots'>"
         )
         xlim = (t0, t0 + math.ceil((t1 - t0) / step) * step)
@@ -431,10 +561,21 @@ def render(
         parts.append("</div></div>")
 
     # -- tables
+    def labelled(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {**r, "queue_html": queue_cell(r.get("vhost") or "/", r["queue"], bindings)}
+            if r.get("queue") is not None
+            else r
+            for r in rows
+        ]
+
+    # a message event no queue ever had is left out of the page's table (not of the CSV)
+    events_seen = [e for e in MESSAGE_EVENTS if any(q.get(e) for q in queues)]
+    multi_vhost = len({q.get("vhost") for q in queues}) > 1
     qcols: list[tuple[str, str, Callable[[Any], str]]] = [
-        ("vhost", "vhost", esc),
-        ("queue", "queue", esc),
-        *[(e, e.replace("_", " "), fmt_num) for e in MESSAGE_EVENTS],
+        *([("vhost", "vhost", esc)] if multi_vhost else []),
+        ("queue_html", "queue", _html),
+        *[(e, e.replace("_", " "), fmt_num) for e in events_seen],
         ("ack_rate", "acks/s", fmt_num),
         ("peak_ack_rate", "peak acks/s", fmt_num),
         ("latency_p50", "p50", fmt_dur),
@@ -445,9 +586,11 @@ def render(
         ("max_oldest_age", "max age", fmt_dur),
     ]
     parts.append(f"<h2>Queues ({len(queues)})</h2>")
-    parts.append(_table(queues, qcols))
+    if not multi_vhost and queues:
+        parts.append(f"<p class='muted'>All in vhost {esc(queues[0].get('vhost'))}.</p>")
+    parts.append(_table(labelled(queues), qcols))
     ccols: list[tuple[str, str, Callable[[Any], str]]] = [
-        ("queue", "queue", esc),
+        ("queue_html", "queue", _html),
         ("consumer_tag", "consumer", esc),
         ("connection_id", "connection", esc),
         ("delivered", "delivered", fmt_num),
@@ -467,7 +610,7 @@ def render(
     parts.append("<p class='muted'>Highlighted: isolated, or given messages it never settled.</p>")
     parts.append(
         _table(
-            consumers,
+            labelled(consumers),
             ccols,
             warn=lambda r: (
                 bool(r.get("isolated"))
@@ -483,21 +626,21 @@ def render(
         reasons[k] = reasons.get(k, 0) + r["count"]
     if reasons:
         parts.append(
-            bar_chart(
+            hbar_chart(
                 "messages by fate and reason",
                 list(reasons),
                 list(reasons.values()),
                 color=PALETTE[1],
-                width=max(310, 60 + 170 * len(reasons)),
             )
         )
     parts.append("</div>")
+    parts.append(_legend(FATES))
     parts.append(
         _table(
-            dead_letters,
+            labelled(dead_letters),
             [
                 ("vhost", "vhost", esc),
-                ("queue", "queue", esc),
+                ("queue_html", "queue", _html),
                 ("outcome", "outcome", esc),
                 ("reason", "reason", esc),
                 ("count", "messages", fmt_num),
@@ -507,10 +650,10 @@ def render(
     parts.append("<h2>Redeliveries by reason</h2>")
     parts.append(
         _table(
-            redeliveries,
+            labelled(redeliveries),
             [
                 ("vhost", "vhost", esc),
-                ("queue", "queue", esc),
+                ("queue_html", "queue", _html),
                 ("reason", "reason", esc),
                 ("count", "messages", fmt_num),
             ],
@@ -518,12 +661,17 @@ def render(
     )
     parts.append(f"<h2>Policy actions ({len(actions)})</h2>")
     parts.append(
+        "<p class='muted'>What each policy asked for, and its <b>outcome</b>: what the core "
+        "did about it.</p>"
+    )
+    parts.append(_legend(OUTCOMES))
+    parts.append(
         _table(
-            actions,
+            labelled(actions),
             [
                 ("ts", "time", fmt_time),
                 ("event", "event", esc),
-                ("queue", "queue", esc),
+                ("queue_html", "queue", _html),
                 ("policy", "policy", esc),
                 ("action", "action", esc),
                 ("consumer_tag", "consumer", esc),

@@ -39,6 +39,7 @@ from broker.analyze.events import (
     read_events,
     settlements,
 )
+from broker.analyze.htmlreport import subscription_label
 from broker.analyze.spark import Progress, Scratch, get_spark
 
 TABLES = (
@@ -178,6 +179,31 @@ def report(
         .toArrow()
     )
 
+    # what each queue is bound to: a server-named subscription queue is labelled by it
+    bindings: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for r in (
+        events.where((F.col("event") == "queue_bound") & F.col("queue").isNotNull())
+        .select("vhost", "queue", "exchange", "routing_key")
+        .distinct()
+        .orderBy("vhost", "queue", "exchange", "routing_key")
+        .collect()
+    ):
+        bindings.setdefault((r["vhost"], r["queue"]), []).append(
+            (r["exchange"] or "", r["routing_key"] or "")
+        )
+    queues = queues.append_column(
+        "bindings",
+        pa.array(
+            [
+                subscription_label(bindings.get((v, q), [])) or None
+                for v, q in zip(
+                    queues.column("vhost").to_pylist(), queues.column("queue").to_pylist()
+                )
+            ],
+            pa.string(),
+        ),
+    )
+
     progress.step("writing the tables")
     tables = {
         "queues": queues,
@@ -227,6 +253,7 @@ def report(
         step=step,
         t0=t0,
         t1=t1,
+        bindings=bindings,
     )
     result.html.write_text(html, encoding="utf-8")
     (out / "overview.json").write_text(json.dumps(overview, indent=2, default=str) + "\n")

@@ -265,3 +265,56 @@ def test_a_newer_journal_is_refused_with_its_version(tmp_path):
     pq.write_table(pa.Table.from_pylist([], schema=schema), d / "events-x.parquet")
     with pytest.raises(JournalError, match="schema version 3; this pipeline reads version 2"):
         check_local_journal(str(tmp_path / "j"))
+
+
+# ------------------------------------------------------------------------------ the page
+
+
+def _browser_or_skip() -> None:
+    from broker.analyze.pagecheck import NoBrowser, find_browser
+
+    try:
+        find_browser()
+    except NoBrowser as exc:
+        pytest.skip(f"the page check needs headless Chromium: {exc}")
+
+
+def test_the_report_page_labels_subscriptions_and_explains_outcomes(fates, fates_report):
+    page = (fates_report / "report.html").read_text()
+    # the subscription queues are labelled with their binding, the amq.gen name under it
+    assert f"ticks.ibm on amq.topic<span class='sub'>{fates.slow_queue}</span>" in page
+    assert f"ticks.ibm on amq.topic<span class='sub'>{fates.fast_queue}</span>" in page
+    # a legend for the outcomes and the dead-letter fates
+    assert "<dt>stale</dt><dd>the action found nothing to act on" in page
+    assert "<dt>deferred</dt>" in page and "<dt>delivery_limit</dt>" in page
+    queues = pq.read_table(fates_report / "tables" / "queues.parquet").to_pylist()
+    bound = {q["queue"]: q["bindings"] for q in queues}
+    assert bound[fates.slow_queue] == "ticks.ibm on amq.topic"
+    assert bound["work"] == "work on jobs"
+
+
+def test_the_report_page_reads_at_1280_px_without_sideways_scrolling(fates_report, tmp_path):
+    _browser_or_skip()
+    from broker.analyze.pagecheck import check_page
+
+    res = check_page(fates_report / "report.html", width=1280, screenshot=tmp_path / "page.png")
+    assert res.ok, res.problems
+    assert res.scroll_width <= 1280
+    assert res.screenshot is not None and res.screenshot.stat().st_size > 10_000
+
+
+def test_the_page_check_sees_a_clipped_label_and_a_wide_table(tmp_path):
+    _browser_or_skip()
+    from broker.analyze.pagecheck import check_page
+
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        "<!DOCTYPE html><html><body>"
+        '<svg width="200" height="50" aria-label="plot"><text x="-40" y="20">'
+        "dead-lettered (delivery_limit)</text></svg>"
+        f"<table><tr>{'<td>123456789</td>' * 200}</tr></table></body></html>"
+    )
+    res = check_page(bad, width=1280)
+    assert not res.ok
+    assert any("delivery_limit" in p and "cut off" in p for p in res.problems)
+    assert any("wide" in p or "ends at" in p for p in res.problems)
