@@ -16,6 +16,8 @@ not import pyspark; the functions do.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 
@@ -41,3 +43,20 @@ def recommend(journal: Any, **kw: Any) -> Any:
 
 
 __all__ = ["backtest", "recommend", "report"]
+
+
+class _Package(types.ModuleType):
+    """Keeps ``broker.analyze.report`` (and ``backtest``, ``recommend``) the functions above.
+
+    Importing a submodule sets it as an attribute of its package, which would replace the
+    function of the same name as soon as anything imported ``broker.analyze.report`` (the CLI,
+    ``recommend`` running its backtest ...), and ``from broker.analyze import report`` would
+    then give a module. The submodules stay importable by their full names."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in __all__ and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

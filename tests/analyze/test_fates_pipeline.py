@@ -318,3 +318,15 @@ def test_the_page_check_sees_a_clipped_label_and_a_wide_table(tmp_path):
     assert not res.ok
     assert any("delivery_limit" in p and "cut off" in p for p in res.problems)
     assert any("wide" in p or "ends at" in p for p in res.problems)
+
+
+def test_the_package_functions_stay_functions_once_their_modules_are_imported():
+    import importlib
+
+    for name in ("report", "backtest", "recommend"):
+        importlib.import_module(f"broker.analyze.{name}")
+    import broker.analyze as pkg
+    from broker.analyze import backtest, recommend, report
+
+    assert callable(report) and callable(backtest) and callable(recommend)
+    assert pkg.report is report and not isinstance(report, type(pkg))
