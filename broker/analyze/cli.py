@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from broker.config.units import parse_duration
@@ -123,16 +124,41 @@ def _spark(args: argparse.Namespace) -> Any:
     return get_spark(args.master, conf)
 
 
-def _run(fn: Any) -> int:
-    from broker.analyze.events import JournalError
+def _run(fn: Any, *, journal: str, config: str | None = None) -> int:
+    """Check the inputs and Java before Spark starts (one line and an exit code each, see
+    :mod:`broker.analyze.preflight`), then run ``fn``."""
+    from broker.analyze.events import JournalError, check_local_journal
+    from broker.analyze.preflight import (
+        EXIT_ENVIRONMENT,
+        EXIT_INPUT,
+        EnvironmentProblem,
+        check_java,
+    )
     from broker.config import ConfigError
     from broker.registry import PluginError
 
     try:
+        check_local_journal(journal)
+        if config is not None:
+            from broker.analyze.replay import load_candidate
+
+            path = Path(config)
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot read the candidate configuration: {exc.strerror or exc}",
+                    file=str(path),
+                ) from None
+            load_candidate(text, str(path))
+        check_java()
         return int(fn())
     except (JournalError, ConfigError, PluginError, FileNotFoundError) as exc:
         print(f"plugbroker analyze: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
+    except EnvironmentProblem as exc:
+        print(f"plugbroker analyze: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -150,7 +176,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"{result.html}")
         return 0
 
-    return _run(go)
+    return _run(go, journal=args.journal)
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
@@ -168,7 +194,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         print(result.summary())
         return 3 if args.fail_on_action and result.disruptive() else 0
 
-    return _run(go)
+    return _run(go, journal=args.journal, config=args.config)
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
@@ -190,4 +216,4 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(result.xml, end="")
         return 0
 
-    return _run(go)
+    return _run(go, journal=args.journal)

@@ -3,16 +3,35 @@
 No master is set in code: ``SparkSession.builder`` without ``.master()`` gives ``local[*]`` when
 run with plain ``python``, and whatever ``spark-submit --master`` or the ``MASTER`` environment
 variable says otherwise. ``--master URL`` on the command line is the one explicit override.
+
+Spark's Python workers run the driver's own interpreter (:func:`python_for_workers`), so a
+virtualenv's packages are there, unless ``PYSPARK_PYTHON`` (or ``spark.pyspark.python``) says
+otherwise.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Mapping
 from typing import IO, Any
 
 APP_NAME = "plugbroker-analyze"
+
+
+def python_for_workers(conf: Mapping[str, str] | None = None) -> str:
+    """Point Spark's Python workers at this interpreter (``sys.executable``) unless
+    ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` already names one; return the one they run.
+
+    Spark otherwise starts the ``python3`` on the PATH, which in a virtualenv is not the one that
+    has the broker's dependencies (lxml, pyarrow) installed.
+    """
+    chosen = (conf or {}).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+    if chosen:
+        return chosen
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    return sys.executable
 
 
 def get_spark(
@@ -24,6 +43,7 @@ def get_spark(
     active = SparkSession.getActiveSession()
     if active is not None and master is None and not conf:
         return active
+    python_for_workers(conf)
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)

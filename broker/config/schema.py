@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -77,21 +78,47 @@ CORE_ELEMENTS: frozenset[str] = frozenset((*BROKER_CHILDREN, *VHOST_CHILDREN, "b
 # ---------------------------------------------------------------------------------------------
 
 
-def config_dir() -> Path:
-    """``config/`` in the source tree, next to the ``broker`` package."""
-    import broker
+#: ``config/`` of the source tree, installed as this package (pyproject.toml's package-dir)
+DATA_PACKAGE = "plugbroker_config"
 
-    return Path(broker.__file__).resolve().parent.parent / "config"
+
+def config_file(name: str) -> Traversable:
+    """A file of ``config/`` (the schema, the default configuration), wherever the code runs.
+
+    The one lookup, through :mod:`importlib.resources`: first ``config/`` beside the ``broker``
+    package (a checkout, an editable install, or a zip of a checkout given to ``spark-submit
+    --py-files``), then the installed package data (a wheel installs ``config/`` as
+    :data:`DATA_PACKAGE`). When neither has it, the first place is returned, so an error names it.
+    """
+    from importlib import resources
+
+    here = resources.files("broker")
+    parent = getattr(here, "parent", None)  # a directory (pathlib) or a zip folder (zipfile)
+    beside = parent.joinpath("config", name) if parent is not None else None
+    if beside is not None and beside.is_file():
+        return beside  # type: ignore[no-any-return]
+    try:
+        installed = resources.files(DATA_PACKAGE).joinpath(name)
+    except ModuleNotFoundError:
+        installed = None
+    if installed is not None and installed.is_file():
+        return installed
+    return beside if beside is not None else here.joinpath("..", "config", name)
+
+
+def config_dir() -> Path:
+    """``config/`` in the source tree, next to the ``broker`` package (a directory on disk)."""
+    return Path(str(config_file("plugbroker.xsd"))).parent
 
 
 def schema_path() -> Path:
-    """``config/plugbroker.xsd`` in the source tree (next to the ``broker`` package)."""
-    return config_dir() / "plugbroker.xsd"
+    """Where ``config/plugbroker.xsd`` is (for messages; read it through :func:`config_file`)."""
+    return Path(str(config_file("plugbroker.xsd")))
 
 
 def default_config_path() -> Path:
     """``config/default.xml``, the config the README's run command uses."""
-    return config_dir() / "default.xml"
+    return Path(str(config_file("default.xml")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,11 +152,14 @@ class _Schema:
 
 @lru_cache(maxsize=1)
 def _load_schema() -> _Schema:
-    path = schema_path()
+    source = config_file("plugbroker.xsd")
     try:
-        doc = etree.parse(str(path))
+        with source.open("rb") as fh:
+            doc = etree.parse(fh)
     except (OSError, etree.XMLSyntaxError) as exc:  # a broken install, not a user error
-        raise ConfigError(f"cannot read the configuration schema: {exc}", file=str(path)) from None
+        raise ConfigError(
+            f"cannot read the configuration schema: {exc}", file=str(source)
+        ) from None
     return _Schema(etree.XMLSchema(doc), MappingProxyType(_schema_shapes(doc.getroot())))
 
 

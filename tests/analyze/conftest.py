@@ -1,15 +1,15 @@
 """Fixtures for the Spark pipeline tests: one SparkSession and one recorded broker run for the
 whole session.
 
-The Spark tests need Java; without it (no ``java`` on the PATH and no ``JAVA_HOME``) they are
-skipped with that reason. Java 17 is part of the documented set-up, so in CI they run.
+The Spark tests need Java 17 or later; without it (no ``java`` on the PATH and no ``JAVA_HOME``,
+or too old a one) they are skipped with that reason (:func:`broker.analyze.preflight.java_problem`).
+Java 17 is part of the documented set-up, so in CI they run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,17 +21,20 @@ import kombu
 import pytest
 from brokerutil import BrokerThread, write_config
 
+from broker.analyze.preflight import java_problem
+
 HERE = Path(__file__).parent
 
 
+#: why Spark cannot start here (no Java, or one older than 17), or None
+JAVA_PROBLEM = java_problem()
+
+
 def java_available() -> bool:
-    if shutil.which("java"):
-        return True
-    home = os.environ.get("JAVA_HOME")
-    return bool(home) and (Path(home) / "bin" / "java").exists()
+    return JAVA_PROBLEM is None
 
 
-NO_JAVA = "the Spark pipeline tests need Java 17 (no java on the PATH and no JAVA_HOME)"
+NO_JAVA = f"skipped, Spark cannot start: {JAVA_PROBLEM}"
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
