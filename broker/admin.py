@@ -27,13 +27,19 @@ Vhost names in paths are URL-encoded (``/`` is ``%2F``), as in RabbitMQ's manage
 from __future__ import annotations
 
 import logging
+import re
+from collections import deque
 from collections.abc import Callable, Mapping
+from itertools import pairwise
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from broker.core.api import BrokerAPI, ConsumerInfo, NotFound, QueueInfo
+from broker.hookimpl import hookimpl
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
+    from broker.policy import Action
 
 log = logging.getLogger("broker.admin")
 
@@ -49,6 +55,12 @@ class Reloader(Protocol):
 
     def apply_reload(self, cfg: BrokerConfig) -> None:
         """Put a validated configuration in effect (on the loop)."""
+        ...
+
+    @property
+    def reload_error(self) -> str | None:
+        """Why the last ``prepare_reload`` returned None (the configuration error, with file
+        and line), or None."""
         ...
 
 
@@ -104,6 +116,7 @@ def consumer_json(c: ConsumerInfo, now: float) -> dict[str, Any]:
         "isolated": c.isolated,
         "delivered": c.delivered,
         "last_ack_age_s": round(now - since, 3) if since is not None else None,
+        "poison_suspects": c.poison_suspects,
     }
 
 
@@ -126,6 +139,8 @@ class Admin:
     def __init__(self, api: BrokerAPI, reloader: Reloader) -> None:
         self.api = api
         self.reloader = reloader
+        self.history = History()
+        self.timeline = Timeline(api.clock.time)
 
     def on_loop(self, fn: Callable[[], T]) -> T:
         try:
@@ -272,20 +287,251 @@ class Admin:
 
         return self.on_loop(run)
 
+    # -- commands (each writes one audit line: who did what to what) -------------------------
+
+    def purge_queue(self, vhost: str, name: str, *, by: str) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            n = self.api.purge_queue(vhost, name)
+            self.api.end_of_turn()
+            log.info(
+                "admin: user '%s' purged queue '%s' in vhost '%s': %d messages", by, name, vhost, n
+            )
+            return {"purged": n}
+
+        return self.on_loop(run)
+
+    def delete_queue(self, vhost: str, name: str, *, by: str) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            n = self.api.delete_queue(vhost, name, reason="admin", detail=f"deleted by user '{by}'")
+            self.api.end_of_turn()
+            log.info(
+                "admin: user '%s' deleted queue '%s' in vhost '%s' (%d ready messages)",
+                by,
+                name,
+                vhost,
+                n,
+            )
+            self.history.forget(vhost, name)
+            return {"deleted": True, "messages": n}
+
+        return self.on_loop(run)
+
+    def connection(self, connection_id: str) -> dict[str, Any] | None:
+        """One connection's row, or None."""
+        for row in self.connections():
+            if row["id"] == connection_id:
+                return row
+        return None
+
+    def close_connection(self, connection_id: str, *, by: str, reason: str = "") -> dict[str, Any]:
+        text = reason or f"Closed via management plugin by user '{by}'"
+
+        def run() -> dict[str, Any]:
+            if not self.api.close_connection(connection_id, text):
+                raise AdminError(404, f"no connection '{connection_id}'")
+            self.api.end_of_turn()
+            log.info("admin: user '%s' closed connection '%s': %s", by, connection_id, text)
+            return {"closed": True}
+
+        return self.on_loop(run)
+
+    def consumer(self, vhost: str, queue: str, tag: str, connection_id: str) -> ConsumerInfo:
+        def run() -> ConsumerInfo:
+            c = self.api.consumer(vhost, queue, tag, connection_id)
+            if c is None:
+                raise AdminError(404, f"no consumer '{tag}' on queue '{queue}' in vhost '{vhost}'")
+            return c
+
+        return self.on_loop(run)
+
+    def cancel_consumer(
+        self, vhost: str, queue: str, tag: str, connection_id: str = "", *, by: str
+    ) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            if not self.api.cancel_consumer(vhost, queue, tag, connection_id):
+                raise AdminError(404, f"no consumer '{tag}' on queue '{queue}' in vhost '{vhost}'")
+            self.api.end_of_turn()
+            log.info(
+                "admin: user '%s' cancelled consumer '%s' of queue '%s' in vhost '%s'",
+                by,
+                tag,
+                queue,
+                vhost,
+            )
+            return {"cancelled": True}
+
+        return self.on_loop(run)
+
+    def release_consumer(
+        self, vhost: str, queue: str, tag: str, connection_id: str = "", *, by: str
+    ) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            if not self.api.release(vhost, queue, tag, connection_id, reason=f"admin: {by}"):
+                raise AdminError(404, f"no consumer '{tag}' on queue '{queue}' in vhost '{vhost}'")
+            self.api.end_of_turn()
+            log.info(
+                "admin: user '%s' released consumer '%s' of queue '%s' in vhost '%s'",
+                by,
+                tag,
+                queue,
+                vhost,
+            )
+            return {"released": True}
+
+        return self.on_loop(run)
+
+    # -- what the web UI draws -------------------------------------------------------------
+
+    def sample(self) -> None:
+        """Take one sample of every queue for the sparklines and rates (O(queues))."""
+        self.on_loop(lambda: self.history.sample(self.api))
+
+    def queue_history(self, vhosts: frozenset[str] | None = None) -> dict[str, Any]:
+        return self.on_loop(lambda: self.history.json(vhosts))
+
+    def policy_actions(self, vhosts: frozenset[str] | None = None) -> list[dict[str, Any]]:
+        return [a for a in self.timeline.rows() if vhosts is None or a["vhost"] in vhosts]
+
+    def running_config(self) -> dict[str, Any]:
+        """The configuration in effect: its summary and its file, passwords hidden."""
+
+        def read() -> tuple[str, str | None]:
+            cfg = self.api.config
+            return cfg.describe(), str(cfg.source) if cfg.source is not None else None
+
+        summary, source = self.on_loop(read)
+        text = None
+        if source is not None:
+            try:
+                text = hide_secrets(Path(source).read_text(encoding="utf-8"))
+            except OSError as exc:
+                text = f"(cannot read {source}: {exc.strerror})"
+        return {"source": source, "summary": summary, "xml": text}
+
     def reload(self, cfg: BrokerConfig | None) -> dict[str, Any]:
         """Put ``cfg`` in effect: a configuration ``Reloader.prepare_reload`` read and
         validated off the loop (None: it did not validate, and the running one stays)."""
         if cfg is None:
+            why = getattr(self.reloader, "reload_error", None) or "see the broker's log"
             raise AdminError(
                 400,
-                "reload refused: the configuration did not validate (see the "
-                "broker's log); the running configuration stays",
+                f"reload refused, the running configuration stays: {why}",
             )
         self.on_loop(lambda: self.reloader.apply_reload(cfg))
         return {"reloaded": True}
 
     def metrics(self) -> str:
         return self.on_loop(lambda: prometheus_text(self.api))
+
+
+_SECRET = re.compile(r"""(\b(?:password|passwordHash)\s*=\s*)("[^"]*"|'[^']*')""")
+
+
+def hide_secrets(xml: str) -> str:
+    """The configuration text with every ``password`` and ``passwordHash`` value replaced."""
+    return _SECRET.sub(lambda m: m.group(1) + '"********"', xml)
+
+
+class History:
+    """A small bounded ring of samples per queue (and one for the broker) for the web UI's
+    sparklines and rates: each :meth:`sample` costs O(queues), never O(messages)."""
+
+    def __init__(self, size: int = 120) -> None:
+        self.size = size
+        #: (vhost, queue) -> samples ``(t, messages, oldest_age_s, acks_total)``
+        self.queues: dict[tuple[str, str], deque[tuple[float, int, float, int]]] = {}
+        #: samples ``(t, messages, acks_total, connections)`` over the whole broker
+        self.totals: deque[tuple[float, int, int, int]] = deque(maxlen=size)
+
+    def sample(self, api: BrokerAPI) -> None:
+        now = api.clock.monotonic()
+        seen: set[tuple[str, str]] = set()
+        messages = acks = 0
+        for q in api.queues():
+            key = (q.vhost, q.name)
+            seen.add(key)
+            ring = self.queues.get(key)
+            if ring is None:
+                ring = self.queues[key] = deque(maxlen=self.size)
+            age = now - q.oldest_arrival if q.oldest_arrival is not None else 0.0
+            ring.append((now, q.messages, round(age, 3), q.acks_total))
+            messages += q.messages
+            acks += q.acks_total
+        for key in [k for k in self.queues if k not in seen]:
+            del self.queues[key]
+        # acks of deleted queues leave the sum: carry the last rate's base over
+        if self.totals and acks < self.totals[-1][2]:
+            self.totals.clear()
+        self.totals.append((now, messages, acks, len(api.connections())))
+
+    def forget(self, vhost: str, name: str) -> None:
+        self.queues.pop((vhost, name), None)
+
+    def json(self, vhosts: frozenset[str] | None = None) -> dict[str, Any]:
+        def rate(samples: list[tuple[float, int]]) -> float:
+            if len(samples) < 2 or samples[-1][0] <= samples[0][0]:
+                return 0.0
+            (t0, a0), (t1, a1) = samples[-2], samples[-1]
+            return round(max(a1 - a0, 0) / (t1 - t0), 2) if t1 > t0 else 0.0
+
+        out: dict[str, Any] = {"queues": []}
+        for (vhost, name), ring in self.queues.items():
+            if vhosts is not None and vhost not in vhosts:
+                continue
+            out["queues"].append(
+                {
+                    "vhost": vhost,
+                    "name": name,
+                    "t": [round(s[0], 3) for s in ring],
+                    "messages": [s[1] for s in ring],
+                    "oldest_age_s": [s[2] for s in ring],
+                    "ack_rate": rate([(s[0], s[3]) for s in ring]),
+                }
+            )
+        if vhosts is None:
+            tot = list(self.totals)
+            acks = [(s[0], s[2]) for s in tot]
+            out["broker"] = {
+                "t": [round(s[0], 3) for s in tot],
+                "messages": [s[1] for s in tot],
+                "connections": [s[3] for s in tot],
+                "ack_rate": [
+                    round((a1 - a0) / (t1 - t0), 2) if t1 > t0 else 0.0
+                    for (t0, a0), (t1, a1) in pairwise(acks)
+                ],
+            }
+        return out
+
+
+class Timeline:
+    """The latest policy actions, for the web UI's timeline: a plugin on the
+    ``broker_policy_action`` hook keeping a bounded ring."""
+
+    def __init__(self, wall: Callable[[], float], size: int = 500) -> None:
+        self.actions: deque[dict[str, Any]] = deque(maxlen=size)
+        self.wall = wall
+
+    @hookimpl(trylast=True)
+    def broker_policy_action(self, action: Action, outcome: str) -> None:
+        row: dict[str, Any] = {
+            "time": round(self.wall(), 3),
+            "vhost": action.vhost,
+            "queue": action.queue,
+            "policy": action.policy,
+            "action": type(action).__name__,
+            "outcome": outcome,
+            "reason": action.reason,
+            "threshold": action.threshold,
+            "configured": action.configured,
+            "measured": action.measured,
+        }
+        tag = getattr(action, "consumer_tag", "")
+        if tag:
+            row["consumer"] = tag
+        self.actions.append(row)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return list(reversed(self.actions))
 
 
 def _label(v: str) -> str:

@@ -33,6 +33,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -68,8 +69,32 @@ ENDPOINTS: dict[tuple[str, str], str] = {
     ("GET", "/api/dead-letters"): "management",
     ("GET", "/api/queues/{vhost}/{queue}/messages"): "vhost",
     ("POST", "/api/queues/{vhost}/{queue}/redrive"): "vhost",
+    ("POST", "/api/queues/{vhost}/{queue}/purge"): "vhost",
+    ("POST", "/api/queues/{vhost}/{queue}/delete"): "vhost",
+    ("POST", "/api/connections/{id}/close"): "connection",
+    ("POST", "/api/consumers/{vhost}/{queue}/{tag}/cancel"): "vhost",
+    ("POST", "/api/consumers/{vhost}/{queue}/{tag}/release"): "vhost",
+    ("GET", "/api/whoami"): "management",
+    ("GET", "/api/history"): "management",
+    ("GET", "/api/policy-actions"): "management",
+    ("GET", "/api/config"): "administrator",
     ("POST", "/api/reload"): "administrator",
     ("GET", "/metrics"): "monitoring",
+}
+
+#: the web UI's files (package data in broker/admin_ui), served without a login: the page asks
+#: for one and sends it with every API request
+UI_FILES: dict[str, str] = {
+    "index.html": "text/html",
+    "app.js": "text/javascript",
+    "style.css": "text/css",
+}
+#: what the browser may load for the UI: its own files only, nothing inline, no frames
+UI_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache",
 }
 
 
@@ -114,6 +139,15 @@ class Principal:
         if need == "vhost" and not self.administrator and vhost not in self.vhosts:
             raise _refused("User not authorised to access virtual host")
 
+    def require_connection(self, owner: str | None, vhost: str | None) -> None:
+        """Closing a connection: an administrator closes any; a management user only its own
+        connections (RabbitMQ's rule), in a vhost it has permissions on."""
+        self.require("management")
+        if self.administrator:
+            return
+        if owner != self.name or vhost not in self.vhosts:
+            raise _refused("Not administrator user")
+
 
 def _refused(reason: str) -> AdminError:
     return AdminError(401, "not_authorized", reason=reason)
@@ -131,13 +165,13 @@ class HttpLimits:
     shutdown_timeout: float = 5.0
 
 
-def _json(status: int, body: Any, *, close: bool = False) -> web.Response:
+def _json(status: int, body: Any, *, close: bool = False, challenge: bool = True) -> web.Response:
     resp = web.Response(
         status=status,
         text=json.dumps(body, indent=1),
         content_type="application/json",
     )
-    if status == 401:
+    if status == 401 and challenge:
         resp.headers["WWW-Authenticate"] = 'Basic realm="plugbroker"'
     if close:
         resp.force_close()
@@ -208,6 +242,20 @@ class _Busy(asyncio.Protocol):
         return None  # the client is done: close
 
 
+#: the name the policy-action timeline registers under with the broker's plugin host
+TIMELINE_PLUGIN = "admin-timeline"
+
+
+def _same_origin(request: web.BaseRequest) -> bool:
+    """A POST without an ``Origin`` (the CLI, curl) or from a page of this server: a browser
+    sends ``Origin`` with a cross-site POST, which a page elsewhere could make with the Basic
+    credentials the browser remembers."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc == request.headers.get("Host", "")
+
+
 Route = Callable[[web.BaseRequest, list[str], dict[str, list[str]]], Awaitable[web.Response]]
 
 
@@ -223,8 +271,13 @@ class AdminServer:
         *,
         ssl_context: ssl.SSLContext | None = None,
         limits: HttpLimits | None = None,
+        ui: bool = True,
+        sample_every: float = 5.0,
     ) -> None:
         self.admin = Admin(api, reloader)
+        self.ui = ui
+        self.sample_every = sample_every
+        self._sampler: asyncio.TimerHandle | None = None
         self.api = api
         self.reloader = reloader
         self.host = host
@@ -258,14 +311,45 @@ class AdminServer:
 
         self._listener = await loop.create_server(factory, self.host, self.port, reuse_address=True)
         self.port = self._listener.sockets[0].getsockname()[1]
-        log.info("admin interface on %s://%s:%d", self.scheme, self.host, self.port)
+        self.api.register_plugin(self.admin.timeline, TIMELINE_PLUGIN)
+        self._sample()
+        log.info(
+            "admin interface on %s://%s:%d%s",
+            self.scheme,
+            self.host,
+            self.port,
+            " (web UI at /)" if self.ui else "",
+        )
         return self
+
+    def _sample(self) -> None:
+        """One sample of every queue for the UI's sparklines, then the next one later."""
+        try:
+            self.admin.history.sample(self.api)
+        except Exception:  # a sample is not worth stopping the admin for
+            log.exception("admin: sampling the queues failed")
+        self._sampler = asyncio.get_running_loop().call_later(self.sample_every, self._sample)
+
+    def _static(self, path: str) -> web.Response:
+        name = "index.html" if path == "/" else path[len("/ui/") :]
+        ctype = UI_FILES.get(name)
+        if ctype is None:
+            return _json(404, {"error": f"no such file: {path}"})
+        data = (resources.files("broker") / "admin_ui" / name).read_bytes()
+        return web.Response(body=data, content_type=ctype, charset="utf-8", headers=UI_HEADERS)
 
     def _track(self, fut: asyncio.Future[None]) -> None:
         self._handshakes.add(fut)
         fut.add_done_callback(self._handshakes.discard)
 
     async def stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            self._sampler = None
+            try:
+                self.api.unregister_plugin(TIMELINE_PLUGIN)
+            except Exception:  # the broker's plugin host is gone already
+                log.debug("admin: timeline plugin already unregistered", exc_info=True)
         if self._listener is not None:
             self._listener.close()
         for fut in list(self._handshakes):
@@ -311,6 +395,22 @@ class AdminServer:
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.method not in ("GET", "POST"):
             return _json(405, {"error": f"method {request.method} is not allowed"})
+        if (
+            request.method == "GET"
+            and self.ui
+            and (request.path == "/" or request.path.startswith("/ui/"))
+        ):
+            return self._static(request.path)
+        if request.method == "POST" and not _same_origin(request):
+            log.warning(
+                "admin: POST %s from %s refused: sent from the page of another site (%s)",
+                request.path,
+                request.remote,
+                request.headers.get("Origin"),
+            )
+            return _json(403, {"error": "cross-site request refused"})
+        # the web UI logs in with its own form: no browser login dialog over it
+        challenge = "X-Plugbroker-UI" not in request.headers
         try:
             await asyncio.wait_for(self._read_body(request), self.limits.body_timeout)
         except TimeoutError:
@@ -328,6 +428,7 @@ class AdminServer:
                     "error": "not_authorized",
                     "reason": "Login failed (authentication required: HTTP Basic, a broker user)",
                 },
+                challenge=challenge,
             )
         url = urlsplit(request.raw_path)
         parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
@@ -345,7 +446,7 @@ class AdminServer:
                     who.name,
                     exc.reason,
                 )
-            return _json(exc.status, body)
+            return _json(exc.status, body, challenge=challenge)
         except Exception as exc:
             log.exception("admin request %s %s failed", request.method, request.raw_path)
             return _json(500, {"error": f"{type(exc).__name__}: {exc}"})
@@ -389,6 +490,28 @@ class AdminServer:
             if parts == ["api", "overview"]:
                 who.require(ENDPOINTS["GET", "/api/overview"])
                 return _json(200, admin.overview(who.visible()))
+            if parts == ["api", "whoami"]:
+                who.require(ENDPOINTS["GET", "/api/whoami"])
+                return _json(
+                    200,
+                    {
+                        "name": who.name,
+                        "tags": sorted(who.tags),
+                        "vhosts": sorted(who.vhosts),
+                        "administrator": who.administrator,
+                        "sees_all": who.sees_all,
+                    },
+                )
+            if parts == ["api", "history"]:
+                who.require(ENDPOINTS["GET", "/api/history"])
+                return _json(200, admin.queue_history(who.visible()))
+            if parts == ["api", "policy-actions"]:
+                who.require(ENDPOINTS["GET", "/api/policy-actions"])
+                return _json(200, admin.policy_actions(who.visible()))
+            if parts == ["api", "config"]:
+                who.require(ENDPOINTS["GET", "/api/config"])
+                loop = asyncio.get_running_loop()
+                return _json(200, await loop.run_in_executor(None, admin.running_config))
             lists: dict[tuple[str, ...], Callable[[], list[dict[str, Any]]]] = {
                 ("api", "queues"): admin.queues,
                 ("api", "consumers"): admin.consumers,
@@ -416,6 +539,36 @@ class AdminServer:
                 # the file is read and validated in the executor, put in effect on the loop
                 cfg = await loop.run_in_executor(None, self.reloader.prepare_reload)
                 return _json(200, admin.reload(cfg))
+            if (
+                len(parts) == 5
+                and parts[:2] == ["api", "queues"]
+                and parts[4] in ("purge", "delete")
+            ):
+                vhost, queue, verb = parts[2], parts[3], parts[4]
+                who.require(ENDPOINTS["POST", f"/api/queues/{{vhost}}/{{queue}}/{verb}"], vhost)
+                if verb == "purge":
+                    return _json(200, admin.purge_queue(vhost, queue, by=who.name))
+                return _json(200, admin.delete_queue(vhost, queue, by=who.name))
+            if len(parts) == 4 and parts[:2] == ["api", "connections"] and parts[3] == "close":
+                row = admin.connection(parts[2])
+                if row is None:
+                    raise AdminError(404, f"no connection '{parts[2]}'")
+                who.require_connection(row["user"], row["vhost"])
+                reason = query.get("reason", [""])[0]
+                return _json(200, admin.close_connection(parts[2], by=who.name, reason=reason))
+            if (
+                len(parts) == 6
+                and parts[:2] == ["api", "consumers"]
+                and parts[5] in ("cancel", "release")
+            ):
+                vhost, queue, tag, verb = parts[2], parts[3], parts[4], parts[5]
+                who.require(
+                    ENDPOINTS["POST", f"/api/consumers/{{vhost}}/{{queue}}/{{tag}}/{verb}"], vhost
+                )
+                conn = query.get("connection", [""])[0]
+                if verb == "cancel":
+                    return _json(200, admin.cancel_consumer(vhost, queue, tag, conn, by=who.name))
+                return _json(200, admin.release_consumer(vhost, queue, tag, conn, by=who.name))
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "redrive":
                 who.require(ENDPOINTS["POST", "/api/queues/{vhost}/{queue}/redrive"], parts[2])
                 most = _int_param(query, "limit", None, minimum=0)

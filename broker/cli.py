@@ -167,29 +167,164 @@ ADMIN_GETS = {
     "blocklist": "/api/blocklist",
     "connections": "/api/connections",
     "dead-letters": "/api/dead-letters",
+    "policy-actions": "/api/policy-actions",
+    "config": "/api/config",
     "metrics": "/metrics",
 }
+#: actions on one queue: (method, path suffix)
+ADMIN_QUEUE_ACTIONS = {
+    "messages": ("GET", "messages"),
+    "redrive": ("POST", "redrive"),
+    "purge": ("POST", "purge"),
+    "delete": ("POST", "delete"),
+}
+ADMIN_CONSUMER_ACTIONS = ("cancel", "release")
+
+#: the columns of each listing: (heading, field)
+COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "queues": [
+        ("vhost", "vhost"),
+        ("name", "name"),
+        ("messages", "messages"),
+        ("ready", "ready"),
+        ("unacked", "unacked"),
+        ("consumers", "consumers"),
+        ("oldest (s)", "oldest_age_s"),
+        ("policy", "policy"),
+    ],
+    "consumers": [
+        ("vhost", "vhost"),
+        ("queue", "queue"),
+        ("tag", "tag"),
+        ("connection", "connection"),
+        ("ch", "channel"),
+        ("unacked", "unacked"),
+        ("prefetch", "prefetch"),
+        ("isolated", "isolated"),
+        ("poison", "poison_suspects"),
+        ("last ack (s)", "last_ack_age_s"),
+    ],
+    "connections": [
+        ("id", "id"),
+        ("peer", "peer"),
+        ("user", "user"),
+        ("vhost", "vhost"),
+        ("channels", "channels"),
+        ("heartbeat", "heartbeat"),
+        ("blocked", "blocked"),
+    ],
+    "dead-letters": [
+        ("vhost", "vhost"),
+        ("queue", "queue"),
+        ("messages", "messages"),
+        ("by reason", "by_reason"),
+        ("from", "sources"),
+        ("arrived since start", "received_by_reason"),
+    ],
+    "messages": [
+        ("id", "id"),
+        ("exchange", "exchange"),
+        ("routing key", "routing_key"),
+        ("size", "size"),
+        ("deliveries", "delivery_count"),
+        ("redelivered", "redelivered"),
+    ],
+    "policy-actions": [
+        ("time", "time"),
+        ("vhost", "vhost"),
+        ("queue", "queue"),
+        ("policy", "policy"),
+        ("action", "action"),
+        ("outcome", "outcome"),
+        ("reason", "reason"),
+    ],
+}
+COLUMNS["blocklist"] = COLUMNS["consumers"]
+
+
+def _cell(field: str, v: object) -> str:
+    """One table cell: dicts as ``k=v`` pairs, absent values as ``-``."""
+    import time
+
+    if v is None or v == {} or v == []:
+        return "-"
+    if field == "time" and isinstance(v, (int, float)):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v))
+    if field == "policy" and isinstance(v, dict):
+        return ", ".join(sorted(v))
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={x}" for k, x in v.items())
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, list):
+        return ", ".join(str(x) for x in v)
+    return str(v)
+
+
+def format_table(rows: list[dict[str, object]], columns: list[tuple[str, str]]) -> str:
+    """Rows as a table with aligned columns (numbers right-aligned), one line per row."""
+    cells = [[_cell(f, r.get(f)) for _, f in columns] for r in rows]
+    heads = [h for h, _ in columns]
+    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(heads)]
+    numeric = [
+        all(isinstance(r.get(f), (int, float)) and not isinstance(r.get(f), bool) for r in rows)
+        and f != "time"
+        and bool(rows)
+        for _, f in columns
+    ]
+
+    def line(values: list[str]) -> str:
+        out = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(heads), *(line(c) for c in cells)])
+
+
+def format_answer(action: str, body: object) -> str:
+    """What ``plugbroker admin ACTION`` prints without ``--json``."""
+    if action in COLUMNS and isinstance(body, list):
+        if not body:
+            return f"(no {action.replace('-', ' ')})"
+        return format_table(body, COLUMNS[action])
+    if action == "config" and isinstance(body, dict):
+        return f"{body.get('summary', '')}\n\n{body.get('xml') or ''}".rstrip()
+    if isinstance(body, dict):
+        pairs = [(k, _cell(k, v)) for k, v in body.items()]
+        width = max((len(k) for k, _ in pairs), default=0)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in pairs)
+    return str(body)
+
+
+ADMIN_HINT = (
+    "is the broker running with the admin interface on? It is the <admin> element of the "
+    'configuration: <admin host="127.0.0.1" port="15672"/> under <broker> (config/default.xml '
+    "has it); add it and restart the broker, or give --url the address it listens on"
+)
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
     """Talk to a running broker's admin interface (``<admin>`` in its configuration)."""
     import base64
+    import http.client
     import json
     import urllib.error
     import urllib.request
     from urllib.parse import quote, urlencode
 
+    def q(v: str) -> str:
+        return quote(v, safe="")
+
+    params: list[tuple[str, str]] = []
     if args.action in ADMIN_GETS:
         method, path = "GET", ADMIN_GETS[args.action]
     elif args.action == "reload":
         method, path = "POST", "/api/reload"
-    elif args.action in ("redrive", "messages"):
+    elif args.action in ADMIN_QUEUE_ACTIONS:
         if not args.queue:
             print(f"plugbroker admin {args.action}: name the queue", file=sys.stderr)
             return 2
-        suffix = "redrive" if args.action == "redrive" else "messages"
-        method = "POST" if args.action == "redrive" else "GET"
-        path = f"/api/queues/{quote(args.vhost, safe='')}/{quote(args.queue, safe='')}/{suffix}"
+        method, suffix = ADMIN_QUEUE_ACTIONS[args.action]
+        path = f"/api/queues/{q(args.vhost)}/{q(args.queue)}/{suffix}"
         if args.action == "redrive":
             params = [("reason", r) for r in args.reason or ()]
             if args.limit is not None:
@@ -200,13 +335,35 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 params.append(("dry_run", "true"))
             if args.keep_counts:
                 params.append(("reset", "false"))
-            if params:
-                path += "?" + urlencode(params)
+    elif args.action == "close":
+        if not args.queue:
+            print(
+                "plugbroker admin close: name the connection (its id, from "
+                "`plugbroker admin connections`)",
+                file=sys.stderr,
+            )
+            return 2
+        method, path = "POST", f"/api/connections/{q(args.queue)}/close"
+        if args.reason:
+            params.append(("reason", args.reason[0]))
+    elif args.action in ADMIN_CONSUMER_ACTIONS:
+        if not args.queue or not args.tag:
+            print(
+                f"plugbroker admin {args.action}: name the queue and the consumer: "
+                f"plugbroker admin {args.action} QUEUE --tag TAG [--connection ID]",
+                file=sys.stderr,
+            )
+            return 2
+        method = "POST"
+        path = f"/api/consumers/{q(args.vhost)}/{q(args.queue)}/{q(args.tag)}/{args.action}"
+        if args.connection:
+            params.append(("connection", args.connection))
     else:  # pragma: no cover - argparse restricts the choices
         return 2
-    req = urllib.request.Request(
-        args.url.rstrip("/") + path, method=method, data=b"" if method == "POST" else None
-    )
+    if params:
+        path += "?" + urlencode(params)
+    url = args.url.rstrip("/")
+    req = urllib.request.Request(url + path, method=method, data=b"" if method == "POST" else None)
     token = base64.b64encode(f"{args.user}:{args.password}".encode()).decode()
     req.add_header("Authorization", f"Basic {token}")
     context = None
@@ -219,15 +376,46 @@ def cmd_admin(args: argparse.Namespace) -> int:
             body = resp.read().decode()
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
-        print(f"plugbroker admin: {exc.code} {detail.strip()}", file=sys.stderr)
+        try:
+            answer = json.loads(detail)
+            text = str(answer.get("error", detail))
+            if answer.get("reason"):
+                text += f": {answer['reason']}"
+        except (ValueError, AttributeError):
+            text = detail.strip()
+        print(f"plugbroker admin: {exc.code} {text}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        print(f"plugbroker admin: cannot reach {args.url}: {exc}", file=sys.stderr)
+    except http.client.BadStatusLine as exc:
+        if "AMQP" in str(exc):
+            print(
+                f"plugbroker admin: {url} is an AMQP port (it answered with the AMQP protocol "
+                "header), not the admin interface; the admin interface listens on the port of "
+                "<admin> in the broker's configuration (15672 by default): "
+                "--url http://127.0.0.1:15672",
+                file=sys.stderr,
+            )
+        else:
+            print(f"plugbroker admin: {url} does not answer HTTP: {exc!r}", file=sys.stderr)
+        return 1
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, ConnectionRefusedError):
+            print(
+                f"plugbroker admin: cannot reach {url}: connection refused; {ADMIN_HINT}",
+                file=sys.stderr,
+            )
+        else:
+            print(f"plugbroker admin: cannot reach {url}: {reason}", file=sys.stderr)
+        return 1
+    except (OSError, http.client.HTTPException) as exc:
+        print(f"plugbroker admin: cannot reach {url}: {exc}", file=sys.stderr)
         return 1
     if args.action == "metrics":
         print(body, end="")
-    else:
+    elif args.json:
         print(json.dumps(json.loads(body), indent=2))
+    else:
+        print(format_answer(args.action, json.loads(body)))
     return 0
 
 
@@ -278,8 +466,19 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--algorithm", choices=["sha256", "sha512"], default="sha256")
     h.set_defaults(func=cmd_hash_password)
     a = sub.add_parser("admin", help="query or steer a running broker (its <admin> interface)")
-    a.add_argument("action", choices=[*ADMIN_GETS, "reload", "redrive", "messages"])
-    a.add_argument("queue", nargs="?", help="the queue, for redrive and messages")
+    a.add_argument(
+        "action",
+        choices=[*ADMIN_GETS, "reload", *ADMIN_QUEUE_ACTIONS, "close", *ADMIN_CONSUMER_ACTIONS],
+    )
+    a.add_argument(
+        "queue",
+        nargs="?",
+        help="the queue (messages, redrive, purge, delete, cancel, release) or the connection "
+        "(close)",
+    )
+    a.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+    a.add_argument("--tag", help="cancel, release: the consumer tag")
+    a.add_argument("--connection", help="cancel, release: the consumer's connection id")
     a.add_argument("--vhost", default="/")
     a.add_argument("--url", default="http://127.0.0.1:15672")
     a.add_argument("--user", default="guest")
@@ -289,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--reason",
         action="append",
         help="redrive: only dead letters whose last death reason is this (repeatable): "
-        "rejected, expired, maxlen, delivery_limit",
+        "rejected, expired, maxlen, delivery_limit; close: the text the client gets",
     )
     a.add_argument("--limit", type=int, help="redrive: move at most this many")
     a.add_argument("--rate", type=float, help="redrive: messages per second, paced by the broker")

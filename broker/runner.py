@@ -131,6 +131,8 @@ class Running:
     housekeeping: Any = None
     admin: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+    #: why the last reload was refused (the configuration error, with file and line)
+    reload_error: str | None = None
 
     @property
     def port(self) -> int:
@@ -165,14 +167,17 @@ class Running:
         None, with a log line, when it fails."""
         src = path or self.config.source
         if src is None:
+            self.reload_error = "the broker runs on built-in defaults: there is no file to re-read"
             return None
         try:
             cfg = load_config(src, registry=self.extras.get("config_registry"))
             if self.plugins is not None and hasattr(self.plugins, "verify_policies"):
                 self.plugins.verify_policies(cfg)
         except Exception as exc:
+            self.reload_error = str(exc)
             log.error("reload refused, the running configuration stays: %s", exc)
             return None
+        self.reload_error = None
         return cfg
 
     def apply_reload(self, cfg: BrokerConfig) -> None:

@@ -134,7 +134,10 @@ def test_dead_letters_listed_and_redriven_to_their_queue(broker_factory, capsys)
             "sources": {"orders": 3},
         }
         port = b.running.admin.port
-        assert cli(["admin", "redrive", "orders-DLQ", "--url", f"http://127.0.0.1:{port}"]) == 0
+        assert (
+            cli(["admin", "redrive", "orders-DLQ", "--json", "--url", f"http://127.0.0.1:{port}"])
+            == 0
+        )
         out = json.loads(capsys.readouterr().out)
         assert out == {"moved": {"orders": 3}, "kept": 0}
         got = sorted(q(conn.default_channel).get(no_ack=True).payload for _ in range(3))
@@ -224,7 +227,7 @@ def test_redrive_options_dry_run_reason_rate_and_reset(broker_factory, capsys):
     common = ["--url", f"http://127.0.0.1:{b.running.admin.port}"]
 
     def admin(*args: str) -> dict:
-        assert cli(["admin", "redrive", "orders-DLQ", *args, *common]) == 0
+        assert cli(["admin", "redrive", "orders-DLQ", "--json", *args, *common]) == 0
         return json.loads(capsys.readouterr().out)
 
     dry = admin("--dry-run")

@@ -108,7 +108,7 @@ def test_unknown_paths_and_methods_answer_json(admin_port: int) -> None:
 
 def test_the_cli_reads_through_the_server(admin_port: int, capsys) -> None:
     url = f"http://127.0.0.1:{admin_port}"
-    assert cli(["admin", "overview", "--url", url]) == 0
+    assert cli(["admin", "overview", "--url", url, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["product"] == "plugbroker"
 
 
@@ -227,6 +227,8 @@ def test_https_admin(broker_factory, tmp_path: Path, capsys, caplog) -> None:
     [line] = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert "admin https connection from 127.0.0.1" in line and "HTTP_REQUEST" in line
     url = f"https://127.0.0.1:{srv.port}"
-    assert cli(["admin", "queues", "--url", url, "--cacert", str(tmp_path / "ca.pem")]) == 0
+    assert (
+        cli(["admin", "queues", "--json", "--url", url, "--cacert", str(tmp_path / "ca.pem")]) == 0
+    )
     assert isinstance(json.loads(capsys.readouterr().out), list)
     assert cli(["admin", "queues", "--url", url]) == 1  # our CA is not the system's

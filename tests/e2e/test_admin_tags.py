@@ -11,6 +11,7 @@ import base64
 import json
 import urllib.error
 import urllib.request
+from urllib.parse import quote
 
 import pytest
 
@@ -38,26 +39,43 @@ REQUESTS = [
     ("GET", "/api/dead-letters", "/api/dead-letters"),
     ("GET", "/api/queues/{vhost}/{queue}/messages", "/api/queues/%2F/work/messages"),
     ("POST", "/api/queues/{vhost}/{queue}/redrive", "/api/queues/%2F/work/redrive"),
+    ("POST", "/api/queues/{vhost}/{queue}/purge", "/api/queues/%2F/work/purge"),
+    ("POST", "/api/queues/{vhost}/{queue}/delete", "/api/queues/%2F/doomed/delete"),
+    ("POST", "/api/connections/{id}/close", "/api/connections/{mgmt_connection}/close"),
+    ("POST", "/api/consumers/{vhost}/{queue}/{tag}/cancel", "/api/consumers/%2F/work/c1/cancel"),
+    (
+        "POST",
+        "/api/consumers/{vhost}/{queue}/{tag}/release",
+        "/api/consumers/%2F/work/c1/release",
+    ),
+    ("GET", "/api/whoami", "/api/whoami"),
+    ("GET", "/api/history", "/api/history"),
+    ("GET", "/api/policy-actions", "/api/policy-actions"),
+    ("GET", "/api/config", "/api/config"),
     ("POST", "/api/reload", "/api/reload"),
     ("GET", "/metrics", "/metrics"),
 ]
 READS = {t for m, t, _ in REQUESTS if ENDPOINTS[m, t] == "management"}
-IN_SLASH = {"/api/queues/{vhost}/{queue}/messages", "/api/queues/{vhost}/{queue}/redrive"}
+IN_SLASH = {t for m, t, _ in REQUESTS if ENDPOINTS[m, t] == "vhost"}
+#: closing a connection: an administrator any, a management user its own (mgmt's here)
+CLOSE = "/api/connections/{id}/close"
 
 #: user -> the templates it may use (with the vhost "/" in the path)
 ALLOWED = {
     "root": {t for _, t, _ in REQUESTS},
     "mon": READS | {"/metrics"},
-    "mgmt": READS | IN_SLASH,
+    "mgmt": READS | IN_SLASH | {CLOSE},
     "pm": READS | IN_SLASH,
     "elsewhere": READS,
     "app": set(),
 }
 REASON = {
     "/api/reload": "Not administrator user",
+    "/api/config": "Not administrator user",
+    CLOSE: "Not administrator user",
     "/metrics": "Not monitor user",
     "/api/queues/{vhost}/{queue}/messages": "User not authorised to access virtual host",
-    "/api/queues/{vhost}/{queue}/redrive": "User not authorised to access virtual host",
+    **{t: "User not authorised to access virtual host" for t in IN_SLASH},
 }
 
 
@@ -95,7 +113,25 @@ def test_the_matrix_covers_every_endpoint() -> None:
 @pytest.mark.parametrize("user", sorted(ALLOWED))
 @pytest.mark.parametrize(("method", "template", "path"), REQUESTS, ids=[r[2] for r in REQUESTS])
 def test_tag_matrix(broker, user: str, method: str, template: str, path: str) -> None:
-    status, body = call(broker.running.admin.port, method, path, user)
+    import amqp
+
+    # what the request acts on: a queue to delete, a connection of mgmt's, a consumer c1
+    broker.call(lambda: broker.broker.vhosts["/"].declare_queue("doomed"))
+    mine = amqp.Connection(f"127.0.0.1:{broker.port}", userid="mgmt", password="pw")
+    mine.connect()
+    other = amqp.Connection(f"127.0.0.1:{broker.port}", userid="root", password="pw")
+    other.connect()
+    other.channel().basic_consume("work", consumer_tag="c1", callback=lambda m: None)
+    try:
+        [cid] = [c.id for c in broker.running.broker.api.connections() if c.user == "mgmt"]
+        path = path.replace("{mgmt_connection}", quote(cid, safe=""))
+        status, body = call(broker.running.admin.port, method, path, user)
+    finally:
+        for conn in (mine, other):
+            try:
+                conn.close()
+            except Exception:  # closed by the request under test
+                pass
     if template in ALLOWED[user]:
         assert status == 200, body
     else:
