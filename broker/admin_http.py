@@ -404,7 +404,7 @@ class AdminServer:
         if request.method == "POST" and not _same_origin(request):
             log.warning(
                 "admin: POST %s from %s refused: sent from the page of another site (%s)",
-                request.path,
+                request.raw_path,
                 request.remote,
                 request.headers.get("Origin"),
             )

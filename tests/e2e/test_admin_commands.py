@@ -1,0 +1,308 @@
+"""The admin commands (purge, delete, close, cancel, release) and what the web UI shows, with
+real clients: each command through the HTTP API or ``plugbroker admin``, its effect seen by a
+py-amqp or kombu client, its audit line in the log; the CLI's tables and its errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import socket
+import urllib.error
+import urllib.request
+from urllib.parse import quote
+
+import amqp
+import kombu
+import pytest
+from brokerutil import ADMIN_GUEST, drain_until
+
+from broker.cli import main as cli
+
+pytestmark = pytest.mark.e2e
+
+AUTH = "Basic " + base64.b64encode(b"guest:guest").decode()
+KEY = "stocks.us.ibm"
+
+
+def request(port: int, method: str, path: str, headers: dict[str, str] | None = None):
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", method=method, data=b"" if method == "POST" else None
+    )
+    req.add_header("Authorization", AUTH)
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def connect(b, **kw) -> amqp.Connection:
+    conn = amqp.Connection(
+        host=f"127.0.0.1:{b.port}", userid="guest", password="guest", connect_timeout=5, **kw
+    )
+    conn.connect()
+    return conn
+
+
+class Bystander:
+    """A client on its own connection that publishes with confirms while a command runs."""
+
+    def __init__(self, b) -> None:
+        self.conn = connect(b)
+        self.ch = self.conn.channel()
+        self.ch.queue_declare("bystander", auto_delete=False)
+        self.ch.confirm_select()
+        self.sent = 0
+
+    def publish(self, n: int = 5) -> None:
+        for _ in range(n):
+            self.ch.basic_publish(amqp.Message(b"b"), "", "bystander")  # confirmed, or raises
+            self.sent += 1
+
+    def check(self) -> None:
+        self.publish()
+        assert self.ch.queue_declare("bystander", passive=True).message_count == self.sent
+        self.conn.close()
+
+
+@pytest.fixture
+def b(broker_factory):
+    return broker_factory(admin=True, users=ADMIN_GUEST)
+
+
+def url(b) -> str:
+    return f"http://127.0.0.1:{b.running.admin.port}"
+
+
+def test_purge_through_the_cli_empties_the_queue_and_logs_who(b, capsys, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="broker.admin")
+    by = Bystander(b)
+    with kombu.Connection(b.url()) as conn:
+        q = kombu.Queue("orders", routing_key="orders", auto_delete=False)
+        producer = conn.Producer()
+        for i in range(7):
+            producer.publish({"n": i}, routing_key="orders", declare=[q])
+        by.publish()
+        assert cli(["admin", "purge", "orders", "--url", url(b)]) == 0
+        assert capsys.readouterr().out.split() == ["purged", "7"]
+        assert q(conn.default_channel).queue_declare(passive=True).message_count == 0
+    by.check()
+    [line] = [r.getMessage() for r in caplog.records if "purged" in r.getMessage()]
+    assert line == "admin: user 'guest' purged queue 'orders' in vhost '/': 7 messages"
+
+
+def test_delete_cancels_the_consumers_and_removes_the_queue(b, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="broker.admin")
+    conn = connect(b)
+    ch = conn.channel()
+    ch.queue_declare("doomed", auto_delete=False)
+    cancelled: list[str] = []
+    ch.basic_consume(
+        "doomed", consumer_tag="c1", callback=lambda m: None, on_cancel=cancelled.append
+    )
+    ch.basic_publish(amqp.Message(b"x"), "", "doomed")
+    status, body = request(b.running.admin.port, "POST", "/api/queues/%2F/doomed/delete")
+    assert status == 200 and body == {"deleted": True, "messages": 0}  # the one is unacked
+    drain_until(conn, lambda: cancelled == ["c1"])
+    assert not b.call(lambda: "doomed" in b.broker.vhosts["/"].queues)
+    assert any("deleted queue 'doomed'" in r.getMessage() for r in caplog.records)
+    status, body = request(b.running.admin.port, "POST", "/api/queues/%2F/doomed/delete")
+    assert status == 404 and body == {"error": "no queue 'doomed' in vhost '/'"}
+    conn.close()
+
+
+def test_close_connection_sends_320_with_the_text_and_spares_the_others(b, capsys) -> None:
+    by = Bystander(b)
+    victim = connect(b)
+    victim.channel()
+    cid = next(
+        c["id"]
+        for c in request(b.running.admin.port, "GET", "/api/connections")[1]
+        if c["peer"].endswith(str(victim.sock.getsockname()[1]))
+    )
+    assert cli(["admin", "close", cid, "--reason", "maintenance", "--url", url(b)]) == 0
+    assert "closed" in capsys.readouterr().out
+    with pytest.raises(amqp.exceptions.ConnectionForced) as err:
+        drain_until(victim, lambda: False, timeout=3)
+    assert err.value.reply_code == 320 and "CONNECTION_FORCED - maintenance" in str(err.value)
+    by.check()
+    status, _ = request(b.running.admin.port, "POST", f"/api/connections/{quote(cid)}/close")
+    assert status == 404
+
+
+def test_cancel_and_release_one_consumer(b, capsys) -> None:
+    conn = connect(b)
+    ch = conn.channel()
+    ch.queue_declare("work", auto_delete=False)
+    cancelled: list[str] = []
+    ch.basic_consume("work", consumer_tag="keep", callback=lambda m: None)
+    ch.basic_consume(
+        "work", consumer_tag="drop", callback=lambda m: None, on_cancel=cancelled.append
+    )
+    api = b.broker.api
+    assert b.call(lambda: api.isolate("/", "work", "keep")) == 0
+    common = ["--url", url(b)]
+    assert cli(["admin", "blocklist", *common]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["vhost", "queue", "tag"] and "keep" in table[1]
+    assert cli(["admin", "release", "work", "--tag", "keep", *common]) == 0
+    assert b.call(lambda: api.consumers(isolated_only=True)) == []
+    assert cli(["admin", "cancel", "work", "--tag", "drop", *common]) == 0
+    drain_until(conn, lambda: cancelled == ["drop"])
+    assert [c.tag for c in b.call(api.consumers)] == ["keep"]
+    capsys.readouterr()
+    assert cli(["admin", "cancel", "work", "--tag", "drop", *common]) == 1
+    assert "404 no consumer 'drop' on queue 'work'" in capsys.readouterr().err
+    ch.basic_publish(amqp.Message(b"still"), "", "work")  # the channel stays usable
+    conn.close()
+
+
+def test_tables_are_aligned_and_json_on_request(b, capsys) -> None:
+    with kombu.Connection(b.url()) as conn:
+        for name, n in (("a", 1), ("a-much-longer-name", 12)):
+            q = kombu.Queue(name, routing_key=name, auto_delete=False)
+            for _ in range(n):
+                conn.Producer().publish(b"x", routing_key=name, declare=[q])
+    assert cli(["admin", "queues", "--url", url(b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head, rows = lines[0], lines[1:]
+    col = head.index("messages") + len("messages")  # numbers are right-aligned under it
+    assert sorted(r[:col].split()[-1] for r in rows) == ["1", "12"]
+    at = head.index("name")  # text columns are left-aligned under their heading
+    assert sorted(r[at:].split()[0] for r in rows) == ["a", "a-much-longer-name"]
+    assert cli(["admin", "queues", "--json", "--url", url(b)]) == 0
+    got = {q["name"]: q["messages"] for q in json.loads(capsys.readouterr().out)}
+    assert got == {"a": 1, "a-much-longer-name": 12}
+
+
+def test_history_samples_backlog_and_oldest_age_per_queue(broker_factory) -> None:
+    from broker.clock import ManualClock
+
+    clock = ManualClock()
+    b = broker_factory(admin=True, users=ADMIN_GUEST, clock=clock)
+    server = b.running.admin
+    b.call(server._sampler.cancel)  # the test takes the samples, at times it sets
+    admin = server.admin
+    with kombu.Connection(b.url()) as conn:
+        q = kombu.Queue("spark", routing_key="spark", auto_delete=False)
+        for _ in range(3):
+            clock.advance(5)
+            conn.Producer().publish(b"x", routing_key="spark", declare=[q])
+            b.call(lambda: admin.history.sample(b.broker.api))
+        with conn.Consumer(q, callbacks=[lambda body, m: m.ack()]):
+            for _ in range(30):
+                if b.call(lambda: b.broker.api.queue("/", "spark").messages) == 0:
+                    break
+                conn.drain_events(timeout=0.2)
+        clock.advance(5)
+        b.call(lambda: admin.history.sample(b.broker.api))
+    status, body = request(b.running.admin.port, "GET", "/api/history")
+    assert status == 200
+    [row] = [r for r in body["queues"] if r["name"] == "spark"]
+    assert row["messages"][-4:] == [1, 2, 3, 0]
+    assert row["oldest_age_s"][-4:] == [0.0, 5.0, 10.0, 0.0]
+    assert row["ack_rate"] == 0.6  # 3 acks in 5 s
+    assert body["broker"]["ack_rate"][-1] == 0.6
+
+
+def test_the_timeline_lists_policy_actions(broker_factory) -> None:
+    b = broker_factory(
+        '<topic key="stocks.us.*"><consumer><messageCount>2</messageCount>'
+        '<policy name="Log"/></consumer></topic>',
+        admin=True,
+        users=ADMIN_GUEST,
+        period="600000",
+    )
+    conn = connect(b)
+    ch = conn.channel()
+    qname = ch.queue_declare("", exclusive=True)[0]
+    ch.queue_bind(qname, "amq.topic", KEY)
+    pub = conn.channel()
+    pub.confirm_select()
+    for _ in range(5):
+        pub.basic_publish(amqp.Message(b"x"), "amq.topic", KEY)
+    assert b.running.housekeeping.run_job("slow-consumer") is True
+    status, rows = request(b.running.admin.port, "GET", "/api/policy-actions")
+    assert status == 200 and rows, rows
+    assert rows[0]["queue"] == qname and rows[0]["threshold"] == "messageCount"
+    assert rows[0]["policy"] == "Log" and rows[0]["measured"] == 5
+    conn.close()
+
+
+def test_running_config_hides_passwords(b) -> None:
+    status, body = request(b.running.admin.port, "GET", "/api/config")
+    assert status == 200 and body["source"].endswith(".xml")
+    assert 'password="********"' in body["xml"] and 'password="guest"' not in body["xml"]
+    assert "admin http://127.0.0.1" in body["summary"]
+
+
+def test_a_post_from_another_site_is_refused(b) -> None:
+    port = b.running.admin.port
+    with kombu.Connection(b.url()) as conn:
+        conn.Producer().publish(
+            b"x", routing_key="kept", declare=[kombu.Queue("kept", auto_delete=False)]
+        )
+    evil = {"Origin": "http://evil.example"}
+    status, body = request(port, "POST", "/api/queues/%2F/kept/purge", evil)
+    assert status == 403 and body == {"error": "cross-site request refused"}
+    assert b.call(lambda: b.broker.api.queue("/", "kept").messages) == 1
+    same = {"Origin": f"http://127.0.0.1:{port}"}
+    assert request(port, "POST", "/api/queues/%2F/kept/purge", same) == (200, {"purged": 1})
+
+
+def test_the_ui_page_needs_no_login_and_the_api_no_dialog_for_it(b) -> None:
+    port = b.running.admin.port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("text/html")
+        assert "default-src 'self'" in resp.headers["Content-Security-Policy"]
+        assert b"/ui/app.js" in resp.read()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui/app.js", timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("text/javascript")
+    for path, code in (("/ui/../admin.py", 404), ("/ui/nothing.js", 404)):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5)
+        assert err.value.code == code
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/overview")
+    req.add_header("X-Plugbroker-UI", "1")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=5)
+    assert err.value.code == 401 and "WWW-Authenticate" not in err.value.headers
+
+
+# ------------------------------------------------------------------------- the CLI's errors
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_admin_interface_says_how_to_enable_it(capsys) -> None:
+    assert cli(["admin", "overview", "--url", f"http://127.0.0.1:{free_port()}"]) == 1
+    err = capsys.readouterr().err
+    assert "connection refused" in err and '<admin host="127.0.0.1" port="15672"/>' in err
+
+
+def test_pointed_at_the_amqp_port_it_says_so(broker, capsys) -> None:
+    assert cli(["admin", "overview", "--url", f"http://127.0.0.1:{broker.port}"]) == 1
+    err = capsys.readouterr().err
+    assert "is an AMQP port" in err and "BadStatusLine" not in err and "Traceback" not in err
+
+
+def test_a_refused_reload_prints_the_config_error_with_file_and_line(b, capsys) -> None:
+    path = b.running.config.source
+    good = path.read_text()
+    path.write_text(good.replace("<housekeeping>", "<housekeeping><nonsense/>"))
+    try:
+        assert cli(["admin", "reload", "--url", url(b)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("plugbroker admin: 400 reload refused")
+        assert f"{path}:" in err and "nonsense" in err
+    finally:
+        path.write_text(good)
+    assert cli(["admin", "reload", "--url", url(b)]) == 0
+    assert capsys.readouterr().out.split() == ["reloaded", "yes"]
