@@ -1,0 +1,130 @@
+"""The management web UI in a real headless Chromium: log in, purge a queue, close a
+connection, dry-run and redrive dead letters by reason, each click checked with kombu or
+py-amqp on the broker itself; a bystander publishing with confirms is untouched."""
+
+from __future__ import annotations
+
+import amqp
+import kombu
+import pytest
+from brokerutil import ADMIN_GUEST, drain_until
+from browserutil import chromium, require_or_skip
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ORDERS = (
+    '<queue name="orders" durable="true"><deadLetter><maxRedeliveries>1</maxRedeliveries>'
+    "</deadLetter></queue>"
+)
+WAIT = 10  # seconds a page may take to show what a click did
+
+
+def dead_letter(url: str) -> None:
+    """Into orders-DLQ: two rejected, one past the delivery limit."""
+    with kombu.Connection(url) as conn:
+        q = kombu.Queue("orders", routing_key="orders", durable=True)
+        prod = conn.Producer()
+        for body in ("r1", "r2", "limit"):
+            prod.publish(body, routing_key="orders", declare=[q], delivery_mode=2)
+        q = q(conn.default_channel)
+        for _ in range(2):
+            q.get(no_ack=False).reject(requeue=False)
+        for _ in range(2):  # maxRedeliveries 1: the second requeue dead-letters it
+            q.get(no_ack=False).requeue()
+
+
+def count(url: str, name: str) -> int:
+    with kombu.Connection(url) as conn:
+        return conn.default_channel.queue_declare(name, passive=True).message_count
+
+
+def test_purge_close_and_redrive_by_clicking(broker_factory) -> None:
+    require_or_skip()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    b = broker_factory(ORDERS, admin=True, users=ADMIN_GUEST)
+    url = b.url()
+    dead_letter(url)
+    with kombu.Connection(url) as conn:
+        backlog = kombu.Queue("backlog", routing_key="backlog", auto_delete=False)
+        for i in range(4):
+            conn.Producer().publish({"n": i}, routing_key="backlog", declare=[backlog])
+    bystander = amqp.Connection(f"127.0.0.1:{b.port}", userid="guest", password="guest")
+    bystander.connect()
+    by = bystander.channel()
+    by.queue_declare("bystander", auto_delete=False)
+    by.confirm_select()
+    victim = amqp.Connection(f"127.0.0.1:{b.port}", userid="guest", password="guest")
+    victim.connect()
+    victim.channel()
+    victim_port = victim.sock.getsockname()[1]
+
+    with chromium() as d:
+        wait = WebDriverWait(d, WAIT)
+
+        def css(selector: str):
+            return wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, selector)))
+
+        def confirm(selector: str) -> None:
+            """An acting button: the first click arms it, the second acts."""
+            css(selector).click()
+            wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, selector), "Confirm"))
+            css(selector).click()
+
+        def status(text: str) -> None:
+            wait.until(ec.text_to_be_present_in_element((By.ID, "status"), text))
+
+        d.get(f"http://127.0.0.1:{b.running.admin.port}/")
+        css("#login-user").send_keys("guest")
+        css("#login-password").send_keys("wrong")
+        css("#login-submit").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "login-error"), "Login failed"))
+        [refused] = d.get_log("browser")  # reading the log empties it
+        assert "/api/whoami" in refused["message"] and "401" in refused["message"]
+        css("#login-password").clear()
+        css("#login-password").send_keys("guest")
+        css("#login-submit").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "who"), "guest [administrator]"))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "ov-connections"), "2"))
+
+        # queues: purge the backlog
+        css("#nav-queues").click()
+        cell = 'tr[data-queue="backlog"] td[data-field="messages"]'
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, cell), "4"))
+        by.basic_publish(amqp.Message(b"before"), "", "bystander")
+        confirm('button[data-action="purge"][data-queue="backlog"]')
+        status("Purged 4 messages from backlog")
+        assert count(url, "backlog") == 0
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, cell), "0"))
+
+        # connections: close the victim's
+        css("#nav-connections").click()
+        row = f'tr[data-connection*=":{victim_port}#"] button[data-action="close"]'
+        confirm(row)
+        status("Closed connection")
+        with pytest.raises(amqp.exceptions.ConnectionForced) as err:
+            drain_until(victim, lambda: False, timeout=3)
+        assert err.value.reply_code == 320
+
+        # dead letters: browse, dry run and redrive the rejected ones only
+        css("#nav-dead-letters").click()
+        pick = css('select[data-queue="orders-DLQ"]')
+        Select(pick).select_by_value("rejected")
+        css('button[data-action="browse"][data-queue="orders-DLQ"]').click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "dl-browse"), "2 messages dead"))
+        css('button[data-action="dry-run"][data-queue="orders-DLQ"]').click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "dl-result"), "would move orders=2"))
+        assert count(url, "orders-DLQ") == 3  # a dry run moves nothing
+        confirm('button[data-action="redrive"][data-queue="orders-DLQ"]')
+        status("Redrove orders-DLQ: moved orders=2, kept 1")
+        assert count(url, "orders") == 2 and count(url, "orders-DLQ") == 1
+
+        # since the login, the page made no request the API refused or failed
+        errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == [], errors
+
+    by.basic_publish(amqp.Message(b"after"), "", "bystander")
+    assert by.queue_declare("bystander", passive=True).message_count == 2
+    bystander.close()
