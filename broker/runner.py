@@ -296,6 +296,14 @@ async def start_admin(
         host, port = tls.host or host, tls.port
     try:
         return await AdminServer(b.api, running, host, port, ssl_context=ctx).start()
+    except OSError as exc:
+        await running.stop()  # the AMQP listeners are up: close them before giving up
+        raise OSError(
+            exc.errno,
+            f"the admin interface (<admin> in {config.source or 'the configuration'}) cannot "
+            f"listen on {host}:{port}: {exc.strerror or exc}; give <admin> another port, or "
+            "remove it to run without the admin interface",
+        ) from exc
     except BaseException:
         await running.stop()  # the AMQP listeners are up: close them before giving up
         raise

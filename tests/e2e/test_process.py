@@ -55,9 +55,19 @@ def start(config: Path, port: int, cwd: Path, *extra: str) -> subprocess.Popen:
     raise AssertionError("the broker did not start listening")
 
 
+def default_config(tmp_path: Path) -> Path:
+    """The shipped default configuration with its admin interface on a free port (15672 may
+    be taken by another broker on this machine)."""
+    text = (ROOT / "config" / "default.xml").read_text()
+    assert 'port="15672"' in text
+    path = tmp_path / "default.xml"
+    path.write_text(text.replace('port="15672"', f'port="{free_port()}"'))
+    return path
+
+
 def test_default_config_sigterm_closes_clients_with_320_and_exits_cleanly(tmp_path):
     port = free_port()
-    proc = start(ROOT / "config" / "default.xml", port, tmp_path)
+    proc = start(default_config(tmp_path), port, tmp_path)
     try:
         conn = amqp.Connection(host=f"127.0.0.1:{port}", userid="guest", password="guest")
         conn.connect()
@@ -82,7 +92,7 @@ def test_run_on_the_loop_asked_for_logs_it_and_serves(tmp_path, loop):
     if loop == "uvloop":
         pytest.importorskip("uvloop")
     port = free_port()
-    proc = start(ROOT / "config" / "default.xml", port, tmp_path, "--loop", loop)
+    proc = start(default_config(tmp_path), port, tmp_path, "--loop", loop)
     try:
         conn = amqp.Connection(host=f"127.0.0.1:{port}", userid="guest", password="guest")
         conn.connect()
