@@ -351,12 +351,17 @@
     const shown = msgs.filter((m) => !reason || deathReason(m) === reason);
     into.textContent = "";
     into.append(el("h2", {}, `${q.name}: ${shown.length} message${shown.length === 1 ? "" : "s"}` + (reason ? ` dead for ${reason}` : "")),
-      table(["id", "reason", "from exchange", "routing key", "size", "deliveries", "headers"],
-        shown.map((m) => el("tr", {},
-          el("td", {}, m.id), el("td", {}, deathReason(m)), el("td", {}, m.exchange || "(default)"),
-          el("td", {}, m.routing_key), el("td", { class: "num" }, m.size),
-          el("td", { class: "num" }, m.delivery_count),
-          el("td", { class: "headers" }, JSON.stringify(headers(m))))), "messages"));
+      table(["id", "reason", "died in", "deaths", "goes back to", "size", "headers"],
+        shown.map((m) => {
+          const h = headers(m);
+          const death = (Array.isArray(h["x-death"]) && h["x-death"][0]) || {};
+          return el("tr", { title: JSON.stringify(h, null, 1) },
+            el("td", {}, m.id), el("td", {}, deathReason(m)), el("td", {}, death.queue || "-"),
+            el("td", { class: "num" }, death.count === undefined ? "-" : death.count),
+            el("td", {}, h.REAL_TOPIC || death.queue || "(unknown: stays)"),
+            el("td", { class: "num" }, m.size),
+            el("td", { class: "headers" }, Object.keys(h).length + " (hover the row)"));
+        }), "messages"));
   }
 
   async function timeline() {
