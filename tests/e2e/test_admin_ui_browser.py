@@ -128,3 +128,58 @@ def test_purge_close_and_redrive_by_clicking(broker_factory) -> None:
     by.basic_publish(amqp.Message(b"after"), "", "bystander")
     assert by.queue_declare("bystander", passive=True).message_count == 2
     bystander.close()
+
+
+USERS = """
+<user name="root" password="pw" vhosts="/ other" tags="administrator"/>
+<user name="mgmt" password="pw" vhosts="other" tags="management"/>
+"""
+
+
+def test_a_management_user_sees_and_acts_in_its_vhosts_only(broker_factory) -> None:
+    require_or_skip()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    b = broker_factory(admin=True, users=USERS)
+    for vhost, name in (("/", "root-q"), ("other", "mine")):
+        conn = amqp.Connection(
+            f"127.0.0.1:{b.port}", userid="root", password="pw", virtual_host=vhost
+        )
+        conn.connect()
+        conn.channel().queue_declare(name, auto_delete=False)
+        conn.close()
+    root = amqp.Connection(f"127.0.0.1:{b.port}", userid="root", password="pw")
+    root.connect()
+    own = amqp.Connection(f"127.0.0.1:{b.port}", userid="mgmt", password="pw", virtual_host="other")
+    own.connect()
+    with chromium() as d:
+        wait = WebDriverWait(d, WAIT)
+        d.get(f"http://127.0.0.1:{b.running.admin.port}/")
+        d.find_element(By.ID, "login-user").send_keys("mgmt")
+        d.find_element(By.ID, "login-password").send_keys("pw")
+        d.find_element(By.ID, "login-submit").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "who"), "mgmt [management]"))
+        d.get(d.current_url.split("#")[0] + "#queues")
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, 'tr[data-queue="mine"]')))
+        names = [
+            e.get_attribute("data-queue")
+            for e in d.find_elements(By.CSS_SELECTOR, "tr[data-queue]")
+        ]
+        assert names == ["mine"]  # root-q is in "/", not its vhost
+        d.get(d.current_url.split("#")[0] + "#connections")
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "tr[data-connection]")))
+        rows = d.find_elements(By.CSS_SELECTOR, "tr[data-connection]")
+        closable = [
+            r.get_attribute("data-connection")
+            for r in rows
+            if r.find_elements(By.CSS_SELECTOR, 'button[data-action="close"]')
+        ]
+        assert len(rows) == 1 and len(closable) == 1  # its own, in "other"; root's is not listed
+        d.get(d.current_url.split("#")[0] + "#config")
+        wait.until(
+            ec.text_to_be_present_in_element((By.ID, "page"), "Only an administrator may read")
+        )
+    for conn in (root, own):
+        conn.close()
