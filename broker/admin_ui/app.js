@@ -424,8 +424,16 @@
     }
   }
 
+  // The periodic refresh leaves a page alone while the user is in the middle of something: a
+  // button waiting for its confirming click, a reason chosen, results of a browse or dry run.
+  function busy() {
+    if (armed || document.hidden) return true;
+    if ([...document.querySelectorAll("#page select")].some((s) => s.value)) return true;
+    return !!document.querySelector("#dl-result:not(:empty), #dl-browse:not(:empty)");
+  }
+
   function tick() {
-    if (!armed && !document.hidden && !document.querySelector("#dl-result:not(:empty)")) render();
+    if (!busy()) render();
   }
 
   async function login(user, password) {

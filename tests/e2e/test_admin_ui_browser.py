@@ -40,6 +40,7 @@ def count(url: str, name: str) -> int:
 
 def test_purge_close_and_redrive_by_clicking(broker_factory) -> None:
     require_or_skip()
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -67,11 +68,22 @@ def test_purge_close_and_redrive_by_clicking(broker_factory) -> None:
         def css(selector: str):
             return wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, selector)))
 
+        def click(selector: str) -> None:
+            """Click, again if the page's refresh replaced the element meanwhile (bounded)."""
+            for attempt in range(5):
+                try:
+                    css(selector).click()
+                    return
+                except StaleElementReferenceException:
+                    if attempt == 4:
+                        raise
+
         def confirm(selector: str) -> None:
-            """An acting button: the first click arms it, the second acts."""
-            css(selector).click()
+            """An acting button: the first click arms it (no refresh while armed), the second
+            acts."""
+            click(selector)
             wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, selector), "Confirm"))
-            css(selector).click()
+            click(selector)
 
         def status(text: str) -> None:
             wait.until(ec.text_to_be_present_in_element((By.ID, "status"), text))
@@ -90,7 +102,7 @@ def test_purge_close_and_redrive_by_clicking(broker_factory) -> None:
         wait.until(ec.text_to_be_present_in_element((By.ID, "ov-connections"), "2"))
 
         # queues: purge the backlog
-        css("#nav-queues").click()
+        click("#nav-queues")
         cell = 'tr[data-queue="backlog"] td[data-field="messages"]'
         wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, cell), "4"))
         by.basic_publish(amqp.Message(b"before"), "", "bystander")
@@ -100,7 +112,7 @@ def test_purge_close_and_redrive_by_clicking(broker_factory) -> None:
         wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, cell), "0"))
 
         # connections: close the victim's
-        css("#nav-connections").click()
+        click("#nav-connections")
         row = f'tr[data-connection*=":{victim_port}#"] button[data-action="close"]'
         confirm(row)
         status("Closed connection")
@@ -109,12 +121,12 @@ def test_purge_close_and_redrive_by_clicking(broker_factory) -> None:
         assert err.value.reply_code == 320
 
         # dead letters: browse, dry run and redrive the rejected ones only
-        css("#nav-dead-letters").click()
+        click("#nav-dead-letters")
         pick = css('select[data-queue="orders-DLQ"]')
         Select(pick).select_by_value("rejected")
-        css('button[data-action="browse"][data-queue="orders-DLQ"]').click()
+        click('button[data-action="browse"][data-queue="orders-DLQ"]')
         wait.until(ec.text_to_be_present_in_element((By.ID, "dl-browse"), "2 messages dead"))
-        css('button[data-action="dry-run"][data-queue="orders-DLQ"]').click()
+        click('button[data-action="dry-run"][data-queue="orders-DLQ"]')
         wait.until(ec.text_to_be_present_in_element((By.ID, "dl-result"), "would move orders=2"))
         assert count(url, "orders-DLQ") == 3  # a dry run moves nothing
         confirm('button[data-action="redrive"][data-queue="orders-DLQ"]')
