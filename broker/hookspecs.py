@@ -203,7 +203,8 @@ def broker_queue_deleted(vhost: str, queue: str, reason: str, messages: int) -> 
     :param vhost: the virtual host.
     :param queue: the queue name.
     :param reason: ``"client"`` (queue.delete), ``"auto-delete"``, ``"expired"`` (x-expires),
-        ``"exclusive-owner-closed"``, or ``"policy:<name>"`` when a policy deleted it.
+        ``"exclusive-owner-closed"``, ``"admin"`` (the admin API or web UI), or
+        ``"policy:<name>"`` when a policy deleted it.
     :param messages: how many messages it held (ready, unacked and held for a retry) when it
         went; they went with it.
 

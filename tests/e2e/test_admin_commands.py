@@ -18,6 +18,7 @@ import pytest
 from brokerutil import ADMIN_GUEST, drain_until
 
 from broker.cli import main as cli
+from broker.hookimpl import hookimpl
 
 pytestmark = pytest.mark.e2e
 
@@ -94,8 +95,21 @@ def test_purge_through_the_cli_empties_the_queue_and_logs_who(b, capsys, caplog)
     assert line == "admin: user 'guest' purged queue 'orders' in vhost '/': 7 messages"
 
 
+class DeletedQueues:
+    """A plugin recording ``broker_queue_deleted``."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    @hookimpl
+    def broker_queue_deleted(self, vhost: str, queue: str, reason: str) -> None:
+        self.seen.append((vhost, queue, reason))
+
+
 def test_delete_cancels_the_consumers_and_removes_the_queue(b, caplog) -> None:
     caplog.set_level(logging.INFO, logger="broker.admin")
+    deleted = DeletedQueues()
+    b.call(lambda: b.broker.api.register_plugin(deleted, "test-deleted"))
     conn = connect(b)
     ch = conn.channel()
     ch.queue_declare("doomed", auto_delete=False)
@@ -109,6 +123,7 @@ def test_delete_cancels_the_consumers_and_removes_the_queue(b, caplog) -> None:
     drain_until(conn, lambda: cancelled == ["c1"])
     assert not b.call(lambda: "doomed" in b.broker.vhosts["/"].queues)
     assert any("deleted queue 'doomed'" in r.getMessage() for r in caplog.records)
+    assert deleted.seen == [("/", "doomed", "admin")]  # what plugins and the journal are told
     status, body = request(b.running.admin.port, "POST", "/api/queues/%2F/doomed/delete")
     assert status == 404 and body == {"error": "no queue 'doomed' in vhost '/'"}
     conn.close()
