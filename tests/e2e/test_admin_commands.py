@@ -321,3 +321,42 @@ def test_a_refused_reload_prints_the_config_error_with_file_and_line(b, capsys) 
         path.write_text(good)
     assert cli(["admin", "reload", "--url", url(b)]) == 0
     assert capsys.readouterr().out.split() == ["reloaded", "yes"]
+
+
+POISON = (
+    '<queue name="work" subscription="shared">'
+    "<isolation><ackTimeout>10s</ackTimeout><maxIsolatedRatio>0.7</maxIsolatedRatio>"
+    "<poisonDeliveries>3</poisonDeliveries></isolation></queue>"
+)
+
+
+def test_consumers_show_isolated_ones_and_the_poison_suspect(broker_factory) -> None:
+    """Three consumers that never settle the one message: the first two are isolated in turn,
+    the third holds a message two others held without settling (a poison suspect)."""
+    from broker.clock import ManualClock
+
+    clock = ManualClock()
+    b = broker_factory(POISON, admin=True, users=ADMIN_GUEST, clock=clock, period="600000")
+    conns = [connect(b) for _ in range(3)]
+    for i, conn in enumerate(conns):
+        ch = conn.channel()
+        ch.queue_declare("work", auto_delete=False)
+        ch.basic_qos(0, 1, False)
+        ch.basic_consume("work", consumer_tag=f"w{i}", callback=lambda m: None)
+    pub = conns[0].channel()
+    pub.confirm_select()
+    pub.basic_publish(amqp.Message(b"poison"), "", "work")
+
+    def rows() -> dict[str, dict]:
+        return {c["tag"]: c for c in request(b.running.admin.port, "GET", "/api/consumers")[1]}
+
+    for _ in range(2):
+        clock.advance(11)
+        assert b.running.housekeeping.run_job("isolation") is True
+    got = rows()
+    isolated = sorted(t for t, c in got.items() if c["isolated"])
+    [holder] = [c for t, c in got.items() if not c["isolated"]]
+    assert len(isolated) == 2 and all(got[t]["unacked"] == 0 for t in isolated)
+    assert holder["poison_suspects"] == 1 and holder["unacked"] == 1
+    for conn in conns:
+        conn.close()
