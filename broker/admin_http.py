@@ -31,6 +31,7 @@ import binascii
 import json
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -246,6 +247,16 @@ class _Busy(asyncio.Protocol):
 TIMELINE_PLUGIN = "admin-timeline"
 
 
+#: the share of the loop's time the UI's sampler may take
+SAMPLE_SHARE = 0.01
+
+
+def next_sample_delay(took: float, every: float) -> float:
+    """Seconds until the next sample: ``every``, or longer when a sample took more than
+    :data:`SAMPLE_SHARE` of that (with many queues, samples space out)."""
+    return max(every, took / SAMPLE_SHARE)
+
+
 def _same_origin(request: web.BaseRequest) -> bool:
     """A POST without an ``Origin`` (the CLI, curl) or from a page of this server: a browser
     sends ``Origin`` with a cross-site POST, which a page elsewhere could make with the Basic
@@ -324,11 +335,13 @@ class AdminServer:
 
     def _sample(self) -> None:
         """One sample of every queue for the UI's sparklines, then the next one later."""
+        started = time.perf_counter()
         try:
             self.admin.history.sample(self.api)
         except Exception:  # a sample is not worth stopping the admin for
             log.exception("admin: sampling the queues failed")
-        self._sampler = asyncio.get_running_loop().call_later(self.sample_every, self._sample)
+        delay = next_sample_delay(time.perf_counter() - started, self.sample_every)
+        self._sampler = asyncio.get_running_loop().call_later(delay, self._sample)
 
     def _static(self, path: str) -> web.Response:
         name = "index.html" if path == "/" else path[len("/ui/") :]
