@@ -8,6 +8,7 @@ import base64
 import json
 import logging
 import socket
+import time
 import urllib.error
 import urllib.request
 from urllib.parse import quote
@@ -350,9 +351,20 @@ def test_consumers_show_isolated_ones_and_the_poison_suspect(broker_factory) -> 
     def rows() -> dict[str, dict]:
         return {c["tag"]: c for c in request(b.running.admin.port, "GET", "/api/consumers")[1]}
 
+    def held_by_a_free_consumer() -> bool:
+        return any(c["unacked"] and not c["isolated"] for c in rows().values())
+
     for _ in range(2):
+        # the message is redelivered on the loop after a run: wait for it (bounded), so the
+        # next holder's ack clock starts before the clock moves on
+        deadline = time.monotonic() + 5
+        while not held_by_a_free_consumer() and time.monotonic() < deadline:
+            time.sleep(0.02)
         clock.advance(11)
         assert b.running.housekeeping.run_job("isolation") is True
+    deadline = time.monotonic() + 5
+    while not held_by_a_free_consumer() and time.monotonic() < deadline:
+        time.sleep(0.02)
     got = rows()
     isolated = sorted(t for t, c in got.items() if c["isolated"])
     [holder] = [c for t, c in got.items() if not c["isolated"]]
