@@ -5,8 +5,8 @@ real clients (a backlog, consumers of which one is isolated for not acking, a sl
 subscriber the Log policy reports, dead letters of two reasons), then opens each page in
 headless Chromium and saves ``docs/img/ui-<page>.png``::
 
-    python3 scripts/ui_screenshots.py            # into docs/img/
-    python3 scripts/ui_screenshots.py --out /tmp/shots
+    python3 docs/tools/ui_screenshots.py            # into docs/img/
+    python3 docs/tools/ui_screenshots.py --out /tmp/shots
 
 Needs Debian's ``chromium`` and ``chromium-driver`` and selenium (the ``test`` extra).
 """
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import amqp  # noqa: E402
