@@ -34,7 +34,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from broker.core.api import BrokerAPI, ConsumerInfo, NotFound, QueueInfo
+from broker.core.api import BrokerAPI, ConsumerInfo, LimitsInfo, NotFound, QueueInfo
 from broker.hookimpl import hookimpl
 
 if TYPE_CHECKING:
@@ -178,6 +178,7 @@ class Admin:
                 ),
                 "alarm": api.alarm,
                 "plugins": list(api.plugin_names()),
+                **({"limits": limits_json(api.limits())} if vhosts is None else {}),
             }
 
         return self.on_loop(read)
@@ -534,6 +535,25 @@ class Timeline:
         return list(reversed(self.actions))
 
 
+def limits_json(li: LimitsInfo) -> dict[str, Any]:
+    """The limits view of /api/overview (a 0 limit is shown as None: no limit)."""
+    return {
+        "max_connections": li.max_connections or None,
+        "max_connections_per_user": li.max_connections_per_user or None,
+        "max_queues_per_vhost": li.max_queues_per_vhost or None,
+        "channel_max": li.channel_max,
+        "open_connections": li.open_connections,
+        "user_connections": dict(li.user_connections),
+        "vhost_queues": dict(li.vhost_queues),
+        "refusals": dict(li.refusals),
+        "login_failures": li.login_failures,
+        "login_throttled": li.login_throttled,
+        "login_throttled_peers": li.login_throttled_peers,
+        "accept_failures": li.accept_failures,
+        "accept_backing_off": li.accept_backing_off,
+    }
+
+
 def _label(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -642,6 +662,37 @@ def prometheus_text(api: BrokerAPI) -> str:
             (f'policy="{_label(p)}",outcome="{_label(o)}"', n)
             for (p, o), n in sorted(api.policy_action_counts().items())
         ],
+    )
+    li = api.limits()
+    family(
+        "plugbroker_limit_refusals_total",
+        "counter",
+        "Connections, channels and queues refused by a limit, by limit.",
+        [(f'limit="{_label(k)}"', n) for k, n in sorted(li.refusals.items())],
+    )
+    family(
+        "plugbroker_login_failures_total",
+        "counter",
+        "Failed logins.",
+        [("", li.login_failures)],
+    )
+    family(
+        "plugbroker_login_throttled_total",
+        "counter",
+        "Failed logins whose answer was delayed (login throttling).",
+        [("", li.login_throttled)],
+    )
+    family(
+        "plugbroker_accept_failures_total",
+        "counter",
+        "accept() calls that failed for want of a resource (EMFILE, ENFILE ...).",
+        [("", li.accept_failures)],
+    )
+    family(
+        "plugbroker_accept_backing_off",
+        "gauge",
+        "1 while a listener waits before accepting again after such a failure.",
+        [("", int(li.accept_backing_off))],
     )
     family(
         "plugbroker_resource_alarm",

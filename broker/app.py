@@ -30,6 +30,7 @@ from broker.domain.queue import SHARED, Queue
 from broker.domain.timers import Timers
 from broker.domain.vhost import NoHooks, VirtualHost
 from broker.errors import RESOURCE_ERROR
+from broker.guard import Acceptor, LoginThrottle
 from broker.policy import (
     Action,
     ConsumerView,
@@ -81,6 +82,17 @@ class Broker:
         #: set by the server to ``loop.call_soon``; None runs work at once (domain tests)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.alarm: str | None = None
+        #: the listeners' accept loops (set by the server), for the admin view
+        self.acceptors: list[Acceptor] = []
+        #: delays the answer to failed logins, per peer address
+        self.login_throttle = LoginThrottle(
+            self.clock, cl.login_failure_delay, cl.login_failure_delay_max
+        )
+        #: connections past connection.open, in all and per user (the connection limits)
+        self.open_connections = 0
+        self.user_connections: dict[str, int] = {}
+        #: refusals by the limit that caused them (maxConnections, channelMax, ...)
+        self.refusals: dict[str, int] = {}
         #: policy actions applied, by (policy, outcome), for metrics
         self.action_counts: dict[tuple[str, str], int] = {}
         #: the blast-radius budget of each vhost (``<blastRadius>``), kept across reloads
@@ -242,6 +254,38 @@ class Broker:
             h = self.hooks.connection_closed
             if h is not None:
                 h(connection_id=conn.id, code=0, text=conn.close_reason)
+
+    def admit(self, user: str) -> str | None:
+        """Count a connection of ``user`` that is being opened; or say why a limit refuses
+        it (RabbitMQ's text, answered with 530 NOT_ALLOWED). :meth:`release` undoes it."""
+        lim = self.config.limits
+        if lim.max_connections and self.open_connections >= lim.max_connections:
+            self.refused("maxConnections")
+            return f"Connection refused: node connection limit ({lim.max_connections}) is reached"
+        n = self.user_connections.get(user, 0)
+        per_user = lim.max_connections_per_user
+        if per_user and n >= per_user:
+            self.refused("maxConnectionsPerUser")
+            return (
+                f"Connection refused for user '{user}': user connection limit ({per_user}) is "
+                "reached"
+            )
+        self.open_connections += 1
+        self.user_connections[user] = n + 1
+        return None
+
+    def release(self, user: str) -> None:
+        """A connection :meth:`admit` counted is gone."""
+        self.open_connections -= 1
+        n = self.user_connections.get(user, 0) - 1
+        if n > 0:
+            self.user_connections[user] = n
+        else:
+            self.user_connections.pop(user, None)
+
+    def refused(self, limit: str) -> None:
+        """Count a refusal by ``limit`` (for the admin API and metrics)."""
+        self.refusals[limit] = self.refusals.get(limit, 0) + 1
 
     def authenticate(self, user: str, password: str, peer_host: str | None = None) -> bool:
         return self.login_refusal(user, password, peer_host) is None

@@ -26,6 +26,7 @@ import ssl
 from typing import Any, cast
 
 from broker.app import Broker
+from broker.guard import Acceptor, listening_sockets
 from broker.session import Connection
 from broker.tls import TLSAcceptor, peer_common_name
 
@@ -137,8 +138,8 @@ class Server:
         self.tls = tls
         #: the amqps port once listening (None without ``tls``)
         self.tls_port: int | None = None
-        self._server: asyncio.base_events.Server | None = None
-        self._tls_server: asyncio.base_events.Server | None = None
+        self._acceptors: list[Acceptor] = []
+        self._tls_acceptors: list[Acceptor] = []
         self._handshakes: set[asyncio.Future[None]] = set()
         self._stopped: asyncio.Event | None = None
 
@@ -146,15 +147,33 @@ class Server:
         self._handshakes.add(fut)
         fut.add_done_callback(self._handshakes.discard)
 
+    def _listen(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        host: str,
+        port: int,
+        factory: Any,
+        what: str,
+    ) -> tuple[list[Acceptor], int]:
+        """Listen on ``host:port`` with our own accept loop (:class:`broker.guard.Acceptor`:
+        it backs off when accept() runs out of file descriptors, on asyncio and uvloop alike)."""
+        socks = listening_sockets(host, port)
+        acceptors = [
+            Acceptor(loop, s, factory, clock=self.broker.clock, log=log, what=what) for s in socks
+        ]
+        for a in acceptors:
+            a.start()
+        self.broker.acceptors.extend(acceptors)
+        return acceptors, socks[0].getsockname()[1]
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.broker.attach_loop(loop)
         self._stopped = asyncio.Event()
         if self.plain:
-            self._server = await loop.create_server(
-                lambda: AMQPProtocol(self.broker), self.host, self.port, reuse_address=True
+            self._acceptors, self.port = self._listen(
+                loop, self.host, self.port, lambda: AMQPProtocol(self.broker), "amqp"
             )
-            self.port = self._server.sockets[0].getsockname()[1]
             log.info("listening on %s:%d", self.host, self.port)
         tls = self.tls
         if tls is not None:
@@ -170,17 +189,13 @@ class Server:
                 )
 
             try:
-                self._tls_server = await loop.create_server(
-                    accept,
-                    tls.host,
-                    tls.port,
-                    reuse_address=True,
+                self._tls_acceptors, self.tls_port = self._listen(
+                    loop, tls.host, tls.port, accept, "amqps"
                 )
             except OSError:
-                if self._server is not None:
-                    self._server.close()
+                for a in self._acceptors:
+                    a.close()
                 raise
-            self.tls_port = self._tls_server.sockets[0].getsockname()[1]
             if not self.plain:
                 self.host, self.port = tls.host, self.tls_port
             log.info(
@@ -192,11 +207,12 @@ class Server:
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Graceful shutdown: stop listening, close connections with 320, then flush."""
-        if self._server is None and self._tls_server is None:
+        if not self._acceptors and not self._tls_acceptors:
             return
-        for srv in (self._server, self._tls_server):
-            if srv is not None:
-                srv.close()
+        for a in (*self._acceptors, *self._tls_acceptors):
+            a.close()
+            if a in self.broker.acceptors:
+                self.broker.acceptors.remove(a)
         for fut in list(self._handshakes):
             fut.cancel()
         self.broker.close_all("broker shutdown")
@@ -206,10 +222,7 @@ class Server:
             await asyncio.sleep(0.02)
         for conn in list(self.broker.connections.values()):
             conn.transport.close()
-        for srv in (self._server, self._tls_server):
-            if srv is not None:
-                await srv.wait_closed()
-        self._server = self._tls_server = None
+        self._acceptors, self._tls_acceptors = [], []
         if self._stopped is not None:
             self._stopped.set()
 

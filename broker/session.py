@@ -456,6 +456,8 @@ class Connection:
         self.last_sent = now
         self.blocked = False
         self.published = False
+        #: counted by the broker's connection limits (:meth:`Broker.admit`)
+        self.admitted = False
         self._hb_timer: TimerHandle | None = None
         self._timeout_timer: TimerHandle | None = broker_.timers.call_later(
             limits.handshake_timeout, self._handshake_timeout
@@ -631,6 +633,9 @@ class Connection:
             if t is not None:
                 self.broker.timers.cancel(t)
         self._hb_timer = self._timeout_timer = None
+        if self.admitted:
+            self.admitted = False
+            self.broker.release(self.user)
         for ch in list(self.channels.values()):
             ch.teardown("connection-closed")
         self.channels.clear()
@@ -857,10 +862,20 @@ class Connection:
                 f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
                 " For details see the broker logfile."
             )
+            delay = self.broker.login_throttle.failed(self.peer_host)
             log.warning(
-                "connection %s (%s): %s login refused: %s", self.id, self.peer, mechanism, refusal
+                "connection %s (%s): %s login refused: %s%s",
+                self.id,
+                self.peer,
+                mechanism,
+                refusal,
+                f" (answered in {delay:.2f} s: failed logins from {self.peer_host} are throttled)"
+                if delay
+                else "",
             )
-            if self.client_caps.get("authentication_failure_close"):
+            if delay:
+                self._refuse_later(delay, text)
+            elif self.client_caps.get("authentication_failure_close"):
                 self.close(ACCESS_REFUSED, text, CONNECTION_START_OK)
             else:
                 self._advance(Trigger.DROP)
@@ -871,6 +886,36 @@ class Connection:
         self._advance(Trigger.START_OK)
         lim = self.broker.limits
         self.send(0, "connection.tune", lim.channel_max, lim.frame_max, int(lim.heartbeat))
+
+    def _refuse_later(self, delay: float, text: str) -> None:
+        """Answer a failed login after ``delay`` seconds (login throttling). Meanwhile the
+        connection is closing: it reads nothing more and what it already sent is discarded, so
+        a client cannot learn the outcome sooner by sending more."""
+        self.close_reason = text
+        self._advance(Trigger.SEND_CLOSE)
+        if not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+        if self._timeout_timer is not None:
+            self.broker.timers.cancel(self._timeout_timer)
+        self._timeout_timer = self.broker.timers.call_later(delay, lambda: self._refuse_now(text))
+
+    def _refuse_now(self, text: str) -> None:
+        self._timeout_timer = None
+        if self.state is not CLOSING:  # the socket went away meanwhile
+            return
+        if self.client_caps.get("authentication_failure_close"):
+            self.out.append(
+                self.codec.encode_method(
+                    0, "connection.close", ACCESS_REFUSED, text[:255], *CONNECTION_START_OK
+                )
+            )
+            self.flush()
+            self.reading_paused = False
+            self.transport.resume_reading()
+            self.broker.timers.call_later(self.broker.close_timeout, self._drop)
+        else:
+            self._drop()
 
     def _credentials(self, mechanism: str, response: bytes) -> tuple[str, str | None]:
         """``(user, password)`` from start-ok's response; the password is None for EXTERNAL,
@@ -938,6 +983,10 @@ class Connection:
                 f"access to vhost '{vhost_name}' refused for user '{self.user}'",
                 CONNECTION_OPEN,
             )
+        refusal = self.broker.admit(self.user)
+        if refusal is not None:
+            raise ConnectionError_(NOT_ALLOWED, refusal, CONNECTION_OPEN)
+        self.admitted = True
         self.vhost = vh
         self.set_permission(self.broker.user_permission(self.user, vhost_name))
         self._advance(Trigger.OPEN)
@@ -1012,10 +1061,12 @@ class Connection:
     def _channel_open(self, channel_id: int) -> None:
         if channel_id in self.channels or channel_id in self.closing_channels:
             raise ConnectionError_(CHANNEL_ERROR, "second 'channel.open' seen", CHANNEL_OPEN)
-        if channel_id > self.channel_max:
+        channel_max = self.channel_max
+        if channel_id > channel_max:
+            self.broker.refused("channelMax")
             raise ConnectionError_(
-                CHANNEL_ERROR,
-                f"channel {channel_id} is above channel_max {self.channel_max}",
+                NOT_ALLOWED,
+                f"channel {channel_id} is above the negotiated channel_max ({channel_max})",
                 CHANNEL_OPEN,
             )
         self.channels[channel_id] = Channel(self, channel_id)
@@ -1105,6 +1156,19 @@ class Connection:
             if isinstance(dlx, str):
                 self.check("read", "queue", name or server_name, QUEUE_DECLARE)
                 self.check("write", "exchange", dlx, QUEUE_DECLARE)
+            max_queues = self.broker.config.limits.max_queues_per_vhost
+            if (
+                max_queues
+                and len(vh.queues) >= max_queues
+                and (server_name or name not in vh.queues)
+            ):
+                self.broker.refused("maxQueuesPerVhost")
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"cannot declare queue '{name or server_name}': queue limit in vhost "
+                    f"'{vh.name}' ({max_queues}) is reached",
+                    QUEUE_DECLARE,
+                )
         q, _created = vh.declare_queue(
             name,
             server_name=server_name,

@@ -446,6 +446,10 @@ def test_login_refused_without_auth_failure_close_drops() -> None:
     w = World()
     conn = w.into(S.AWAIT_START_OK)
     w.feed(method_frame(0, "connection.start_ok", {}, "PLAIN", plain_response("x", "y"), "en_US"))
+    # the answer to a failed login waits (login throttling); meanwhile the connection is closing
+    assert conn.state is S.CLOSING and not w.transport.closed
+    w.clock.advance(w.broker.limits.login_failure_delay)
+    w.broker.timers.run_due()
     assert conn.state is S.CLOSED and w.transport.closed
 
 
@@ -454,9 +458,34 @@ def test_login_refused_with_auth_failure_close_sends_403() -> None:
     conn = w.into(S.AWAIT_START_OK)
     props = {"capabilities": {"authentication_failure_close": True}}
     w.feed(method_frame(0, "connection.start_ok", props, "PLAIN", plain_response("x"), "en_US"))
+    assert w.transport.methods() == []
+    w.clock.advance(w.broker.limits.login_failure_delay)
+    w.broker.timers.run_due()
     (sent,) = w.transport.methods()
     assert sent[1] == "connection.close" and sent[2][0] == 403 and sent[2][2:] == (10, 11)
     assert conn.state is S.CLOSING
+
+
+def test_a_failed_login_answer_is_delayed_more_each_time_and_input_meanwhile_is_discarded() -> None:
+    w = World()
+    props = {"capabilities": {"authentication_failure_close": True}}
+    base = w.broker.limits.login_failure_delay
+    for attempt in range(3):
+        w.transport = FakeTransport()
+        w.conn = Connection(w.broker, w.transport, f"127.0.0.1:{40001 + attempt}")
+        conn = w.into(S.AWAIT_START_OK)
+        w.feed(method_frame(0, "connection.start_ok", props, "PLAIN", plain_response("x"), "en_US"))
+        # a pipelined tune-ok learns nothing sooner: it is discarded, not answered with 503
+        w.feed(method_frame(0, "connection.tune_ok", 0, 131072, 0))
+        delay = base * 2**attempt
+        w.clock.advance(delay * 0.99)
+        w.broker.timers.run_due()
+        assert w.transport.methods() == [], attempt
+        w.clock.advance(delay * 0.02)
+        w.broker.timers.run_due()
+        (sent,) = w.transport.methods()
+        assert sent[1] == "connection.close" and sent[2][0] == 403
+        assert conn.state is S.CLOSING
 
 
 def test_a_server_only_method_on_a_channel_is_503_not_valid_from_a_client() -> None:

@@ -371,12 +371,25 @@ class _Loader:
                 f"{format_duration(heartbeat)} is not whole seconds; AMQP negotiates heartbeats "
                 "in seconds",
             )
+        delay = c.duration(el, "loginFailureDelay", 0.5, allow_zero=True, maximum=3600.0)
+        delay_max = c.duration(el, "loginFailureDelayMax", 10.0, allow_zero=True, maximum=3600.0)
+        if delay_max < delay:
+            raise self.err(
+                el.find("loginFailureDelayMax"),
+                f"loginFailureDelayMax {format_duration(delay_max)} is below loginFailureDelay "
+                f"{format_duration(delay)}",
+            )
         values["limits"] = Limits(
             heartbeat=float(heartbeat or 0.0),
             frame_max=c.size(el, "frameMax", 131072, minimum=4096, maximum=2**32 - 1),
             channel_max=c.integer(el, "channelMax", 2047, minimum=0, maximum=65535),
             handshake_timeout=c.duration(el, "handshakeTimeout", 10.0),
             max_message_size=c.size(el, "maxMessageSize", 128 * 1024 * 1024, minimum=1),
+            max_connections=c.integer(el, "maxConnections", 0, minimum=0),
+            max_connections_per_user=c.integer(el, "maxConnectionsPerUser", 0, minimum=0),
+            max_queues_per_vhost=c.integer(el, "maxQueuesPerVhost", 0, minimum=0),
+            login_failure_delay=delay,
+            login_failure_delay_max=delay_max,
         )
 
     # -- virtual hosts ------------------------------------------------------------------------

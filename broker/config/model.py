@@ -169,13 +169,32 @@ class Limits:
     #: seconds a client gets to finish connection.start..open before it is dropped
     handshake_timeout: float = 10.0
     max_message_size: int = 128 * 1024 * 1024
+    #: open client connections the broker accepts (0: no limit), RabbitMQ's connection_max
+    max_connections: int = 0
+    #: open connections one user may hold (0: no limit), RabbitMQ's user max-connections
+    max_connections_per_user: int = 0
+    #: queues one virtual host may hold (0: no limit), RabbitMQ's vhost max-queues
+    max_queues_per_vhost: int = 0
+    #: seconds the answer to the first failed login from a peer address is delayed; each
+    #: further failure from that address doubles it, up to :attr:`login_failure_delay_max`
+    #: (0 disables the throttle)
+    login_failure_delay: float = 0.5
+    login_failure_delay_max: float = 10.0
 
     def describe(self) -> str:
+        def limit(n: int) -> str:
+            return str(n) if n else "unlimited"
+
         return (
             f"heartbeat {format_duration(self.heartbeat)}, frameMax {self.frame_max}, "
             f"channelMax {self.channel_max}, handshakeTimeout "
             f"{format_duration(self.handshake_timeout)}, maxMessageSize "
-            f"{format_size(self.max_message_size)}"
+            f"{format_size(self.max_message_size)}, maxConnections "
+            f"{limit(self.max_connections)}, maxConnectionsPerUser "
+            f"{limit(self.max_connections_per_user)}, maxQueuesPerVhost "
+            f"{limit(self.max_queues_per_vhost)}, loginFailureDelay "
+            f"{format_duration(self.login_failure_delay)} (max "
+            f"{format_duration(self.login_failure_delay_max)})"
         )
 
 

@@ -160,6 +160,34 @@ class ConnectionInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitsInfo:
+    """The front door's limits (``<limits>``; 0 means no limit), what is counted against them,
+    the refusals they caused, the login throttle and the accept loops."""
+
+    max_connections: int
+    max_connections_per_user: int
+    max_queues_per_vhost: int
+    channel_max: int
+    #: connections past connection.open (what maxConnections counts)
+    open_connections: int
+    #: per user, connections past connection.open (what maxConnectionsPerUser counts)
+    user_connections: Mapping[str, int]
+    #: queues per vhost (what maxQueuesPerVhost counts)
+    vhost_queues: Mapping[str, int]
+    #: refusals since start, by the limit that caused them
+    refusals: Mapping[str, int]
+    login_failures: int
+    #: failed logins answered late (login throttling)
+    login_throttled: int
+    #: peer addresses whose failed logins are currently being delayed more
+    login_throttled_peers: int
+    #: accept() calls that failed for want of a resource (EMFILE ...), since start
+    accept_failures: int
+    #: a listener is backing off after such a failure
+    accept_backing_off: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ChannelInfo:
     connection_id: str
     id: int
@@ -384,6 +412,26 @@ class BrokerAPI:
             )
             for c in self._b.connections.values()
         ]
+
+    def limits(self) -> LimitsInfo:
+        b = self._b
+        lim = b.config.limits
+        throttle = b.login_throttle
+        return LimitsInfo(
+            max_connections=lim.max_connections,
+            max_connections_per_user=lim.max_connections_per_user,
+            max_queues_per_vhost=lim.max_queues_per_vhost,
+            channel_max=b.limits.channel_max,
+            open_connections=b.open_connections,
+            user_connections=dict(b.user_connections),
+            vhost_queues={name: len(vh.queues) for name, vh in b.vhosts.items()},
+            refusals=dict(b.refusals),
+            login_failures=throttle.failures_total,
+            login_throttled=throttle.throttled_total,
+            login_throttled_peers=throttle.peers(),
+            accept_failures=sum(a.failures_total for a in b.acceptors),
+            accept_backing_off=any(a.backing_off for a in b.acceptors),
+        )
 
     def channels(self, connection_id: str | None = None) -> list[ChannelInfo]:
         conns: Iterable[Connection] = (
@@ -852,6 +900,7 @@ __all__ = [
     "BrokerAPI",
     "ChannelInfo",
     "ConnectionInfo",
+    "LimitsInfo",
     "ConsumerInfo",
     "DeadLetterInfo",
     "DeliveryInfo",
