@@ -409,6 +409,9 @@ def test_loopback_only_users_are_refused_from_another_address(
     password = "guest" if user == "guest" else "pw"
     with caplog.at_level(logging.WARNING, logger="broker"):
         _, wire = _login(broker, "192.0.2.7:40000", user, password)
+        # the refusal is answered after the login throttle's delay
+        broker.clock.advance(broker.limits.login_failure_delay)  # type: ignore[attr-defined]
+        broker.timers.run_due()
     closes = [args for name, args in wire.methods() if name == "connection.close"]
     assert closes and closes[0][:2] == (
         403,

@@ -1,0 +1,307 @@
+"""Limits at the front door: connections, connections per user, queues per vhost, channel_max,
+login throttling and the accept loop's back-off, with real clients.
+
+Every test keeps a bystander on another connection publishing with confirms and checks it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import amqp
+import pytest
+from brokerutil import ADMIN_GUEST, write_config
+from rawclient import PROTOCOL_HEADER, RawClient, method_frame, plain_response
+
+pytestmark = pytest.mark.e2e
+
+USERS = ADMIN_GUEST + '<user name="bob" password="bob" vhosts="/"/>'
+
+
+def connect(b: Any, user: str = "guest", vhost: str = "/") -> amqp.Connection:
+    c = amqp.Connection(
+        f"127.0.0.1:{b.port}", userid=user, password=user, virtual_host=vhost, connect_timeout=5
+    )
+    c.connect()
+    return c
+
+
+class Bystander:
+    """A connection publishing persistent messages with confirms on its own queue."""
+
+    def __init__(self, b: Any) -> None:
+        self.conn = connect(b)
+        self.ch = self.conn.channel()
+        self.ch.confirm_select()
+        self.q = self.ch.queue_declare("bystander", auto_delete=False)[0]
+        self.sent = 0
+
+    def check(self) -> None:
+        self.ch.basic_publish(
+            amqp.Message(b"still here", delivery_mode=2), routing_key="bystander"
+        )  # raises on a nack (confirm mode)
+        self.sent += 1
+        got = self.ch.basic_get("bystander", no_ack=True)
+        assert got is not None and got.body == b"still here"
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def overview(b: Any) -> dict[str, Any]:
+    req = urllib.request.Request(f"http://127.0.0.1:{b.running.admin.port}/api/overview")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        result: dict[str, Any] = json.loads(resp.read())
+        return result
+
+
+def metrics(b: Any) -> str:
+    req = urllib.request.Request(f"http://127.0.0.1:{b.running.admin.port}/metrics")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def test_max_connections_refuses_with_530_and_frees_a_place_on_close(broker_factory) -> None:
+    b = broker_factory(
+        limits="<limits><maxConnections>2</maxConnections></limits>", admin=True, users=USERS
+    )
+    by = Bystander(b)
+    other = connect(b, "bob")
+    with pytest.raises(amqp.exceptions.NotAllowed) as e:
+        connect(b)
+    assert e.value.reply_code == 530
+    assert "NOT_ALLOWED - Connection refused: node connection limit (2) is reached" in str(e.value)
+    by.check()
+    other.close()
+    third = connect(b)  # a place is free again
+    third.close()
+    by.check()
+    ov = overview(b)["limits"]
+    assert ov["max_connections"] == 2 and ov["refusals"] == {"maxConnections": 1}
+    assert 'plugbroker_limit_refusals_total{limit="maxConnections"} 1' in metrics(b)
+    by.close()
+
+
+def test_max_connections_per_user_counts_each_user_apart(broker_factory) -> None:
+    b = broker_factory(
+        limits="<limits><maxConnectionsPerUser>1</maxConnectionsPerUser></limits>", users=USERS
+    )
+    by = Bystander(b)  # guest's one connection
+    with pytest.raises(amqp.exceptions.NotAllowed) as e:
+        connect(b)
+    assert e.value.reply_code == 530
+    assert (
+        "NOT_ALLOWED - Connection refused for user 'guest': user connection limit (1) is reached"
+        in str(e.value)
+    )
+    bob = connect(b, "bob")  # another user has its own count
+    by.check()
+    bob.close()
+    by.check()
+    by.close()
+
+
+def test_max_queues_per_vhost_refuses_a_new_queue_with_406(broker_factory) -> None:
+    b = broker_factory(limits="<limits><maxQueuesPerVhost>3</maxQueuesPerVhost></limits>")
+    by = Bystander(b)  # its queue is one of the three
+    c = connect(b)
+    ch = c.channel()
+    ch.queue_declare("q1")
+    ch.queue_declare("q2")
+    ch.queue_declare("q2")  # declaring an existing queue again is fine
+    with pytest.raises(amqp.exceptions.PreconditionFailed) as e:
+        ch.queue_declare("q3")
+    assert e.value.reply_code == 406
+    assert (
+        "PRECONDITION_FAILED - cannot declare queue 'q3': queue limit in vhost '/' (3) is reached"
+        in str(e.value)
+    )
+    ch = c.channel()
+    with pytest.raises(amqp.exceptions.PreconditionFailed):
+        ch.queue_declare("")  # a server-named queue counts too
+    ch = c.channel()
+    ch.queue_delete("q1")
+    ch.queue_declare("q3")
+    other = connect(b, vhost="other")  # each vhost has its own count
+    oc = other.channel()
+    for i in range(3):
+        oc.queue_declare(f"o{i}")
+    by.check()
+    other.close()
+    c.close()
+    by.close()
+
+
+def test_a_channel_above_channel_max_is_refused_with_530(broker_factory) -> None:
+    b = broker_factory(limits="<limits><channelMax>4</channelMax></limits>")
+    by = Bystander(b)
+    with RawClient(b.port) as raw:
+        tune = raw.handshake(channel=4)
+        assert tune["channel_max"] == 4
+        raw.method(5, "channel.open", "")
+        code, text, class_id, method_id = raw.expect_connection_close()
+        assert (code, class_id, method_id) == (530, 20, 10)
+        assert text == "NOT_ALLOWED - channel 5 is above the negotiated channel_max (4)"
+    by.check()
+    by.close()
+
+
+# ------------------------------------------------------------------ login throttling
+
+
+def _start_ok(raw: RawClient, password: str) -> None:
+    raw.send(PROTOCOL_HEADER)
+    raw.expect("connection.start")
+    caps = {"capabilities": {"authentication_failure_close": True}}
+    raw.send(
+        method_frame(
+            0, "connection.start_ok", caps, "PLAIN", plain_response("guest", password), "en_US"
+        )
+    )
+
+
+def test_failed_logins_are_answered_late_and_still_refused(broker_factory) -> None:
+    b = broker_factory(
+        limits="<limits><loginFailureDelay>20ms</loginFailureDelay>"
+        "<loginFailureDelayMax>80ms</loginFailureDelayMax></limits>",
+        admin=True,
+        users=USERS,
+    )
+    by = Bystander(b)
+    for _ in range(4):
+        with pytest.raises(amqp.exceptions.AccessRefused) as e:
+            amqp.Connection(
+                f"127.0.0.1:{b.port}", userid="guest", password="wrong", connect_timeout=5
+            ).connect()
+        assert e.value.reply_code == 403
+        by.check()
+    lim = overview(b)["limits"]
+    assert lim["login_failures"] == 4 and lim["login_throttled"] == 4
+    assert lim["login_throttled_peers"] == 1
+    assert "plugbroker_login_throttled_total 4" in metrics(b)
+    by.close()
+
+
+def test_a_peer_that_keeps_failing_does_not_slow_another_peer(broker_factory) -> None:
+    # long delays: the failing peer's answers are still pending when the test ends
+    b = broker_factory(
+        limits="<limits><loginFailureDelay>30s</loginFailureDelay>"
+        "<loginFailureDelayMax>60s</loginFailureDelayMax></limits>"
+    )
+    by = Bystander(b)
+    hostile = []
+    for _ in range(5):
+        raw = RawClient.__new__(RawClient)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.bind(("127.0.0.2", 0))  # another peer address (loopback)
+        sock.connect(("127.0.0.1", b.port))
+        raw.sock, raw.timeout, raw.buf, raw.frame_max, raw.eof = sock, 5.0, b"", 131072, False
+        _start_ok(raw, "wrong")
+        hostile.append(raw)
+    # 127.0.0.1 logs in, opens channels, publishes with confirms while 127.0.0.2 waits
+    for _ in range(3):
+        c = connect(b)
+        c.channel().queue_declare("", exclusive=True)
+        c.close()
+        by.check()
+    for raw in hostile:  # nothing answered yet: its refusals are still delayed
+        raw.sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            raw.sock.recv(1)
+        raw.close()
+    by.check()
+    by.close()
+
+
+# ------------------------------------------------------------------ accept() back-off
+
+ACCEPT_CHILD = r"""
+import asyncio, logging, resource, socket, sys
+sys.path.insert(0, sys.argv[2])
+from broker.app import Broker
+from broker.config import load_config
+from broker.server import Server
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+async def main():
+    b = Broker(load_config(sys.argv[1]))
+    srv = Server(b, "127.0.0.1", 0)
+    await srv.start()
+    print(srv.port, flush=True)
+    await srv.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+def test_accept_backs_off_when_out_of_descriptors_and_serves_once_they_free_up(
+    tmp_path: Path,
+) -> None:
+    cfg = write_config(tmp_path)
+    root = str(Path(__file__).resolve().parents[2])
+
+    def low_fd_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ACCEPT_CHILD, str(cfg), root],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=low_fd_limit,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    hogs: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        by_conn = amqp.Connection(f"127.0.0.1:{port}", connect_timeout=5)
+        by_conn.connect()
+        by_ch = by_conn.channel()
+        by_ch.confirm_select()
+        by_ch.queue_declare("bystander")
+        # raw sockets that never speak: the broker holds one descriptor for each until all
+        # are used (the handshake timeout is 10 s, longer than this test)
+        for _ in range(80):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            hogs.append(s)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # wait until the broker meets EMFILE
+            by_ch.basic_publish(amqp.Message(b"x", delivery_mode=2), routing_key="bystander")
+            if by_ch.queue_declare("bystander", passive=True)[1] >= 3:
+                break
+        # the bystander is served throughout
+        by_ch.basic_publish(amqp.Message(b"x", delivery_mode=2), routing_key="bystander")
+        for s in hogs:
+            s.close()
+        hogs.clear()
+        # a normal client is served once descriptors are free again
+        c = amqp.Connection(f"127.0.0.1:{port}", connect_timeout=5)
+        c.connect()
+        c.channel().queue_declare("", exclusive=True)
+        c.close()
+        by_ch.basic_publish(amqp.Message(b"x", delivery_mode=2), routing_key="bystander")
+        by_conn.close()
+    finally:
+        for s in hogs:
+            s.close()
+        proc.terminate()
+        _out, err = proc.communicate(timeout=10)
+    log = err.decode()
+    failures = log.count("accept() failed")
+    assert failures >= 1, log[-2000:]
+    assert failures <= 3, log[-2000:]  # once per interval, not once per attempt
+    assert "Traceback" not in log, log[-2000:]
