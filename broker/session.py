@@ -127,8 +127,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker.session")
 
-#: how many events one connection may process before it yields the loop to others
-MAX_EVENTS_PER_TURN = 2000
+#: the work one connection may do per loop turn before it yields the loop to others, in units:
+#: a publish, an ack / nack / reject or a heartbeat costs 1, any other method
+#: :data:`METHOD_COST` (a queue.declare, bind or purge costs tens of times a publish), so a
+#: client pipelining 100,000 declares or a publish flood holds the loop for a few ms per turn
+MAX_EVENTS_PER_TURN = 512
+#: what a method other than publish / ack / nack / reject costs against the turn's budget
+METHOD_COST = 16
 
 
 class Transport(Protocol):
@@ -164,6 +169,10 @@ DEFAULT_EXCHANGE_RESOURCE = "amq.default"
 #: checks remembered per connection before the memo starts over (bounds a client that names
 #: ever new queues)
 MAX_PERMISSION_MEMO = 1024
+
+
+#: events that cost one unit of a turn's budget, like a publish (:data:`MAX_EVENTS_PER_TURN`)
+CHEAP_EVENTS: frozenset[type] = frozenset({BasicAck, BasicNack, BasicReject, Heartbeat})
 
 
 def _is_int(x: object) -> TypeGuard[int]:
@@ -603,7 +612,10 @@ class Connection:
                 log.exception("connection %s: internal error handling %r", self.id, ev)
                 self.connection_error(ConnectionError_(INTERNAL_ERROR, "internal error"))
                 return
-            handled += 1
+            if type(ev) is Publish or type(ev) in CHEAP_EVENTS:
+                handled += 1
+            else:
+                handled += METHOD_COST
             if handled >= MAX_EVENTS_PER_TURN:
                 if not self.reading_paused:
                     self.reading_paused = True
@@ -893,9 +905,7 @@ class Connection:
         a client cannot learn the outcome sooner by sending more."""
         self.close_reason = text
         self._advance(Trigger.SEND_CLOSE)
-        if not self.reading_paused:
-            self.reading_paused = True
-            self.transport.pause_reading()
+        self.transport.pause_reading()  # resumed by _refuse_now (not by process())
         if self._timeout_timer is not None:
             self.broker.timers.cancel(self._timeout_timer)
         self._timeout_timer = self.broker.timers.call_later(delay, lambda: self._refuse_now(text))
@@ -911,8 +921,7 @@ class Connection:
                 )
             )
             self.flush()
-            self.reading_paused = False
-            self.transport.resume_reading()
+            self.transport.resume_reading()  # for the client's close-ok
             self.broker.timers.call_later(self.broker.close_timeout, self._drop)
         else:
             self._drop()
@@ -1774,6 +1783,7 @@ class Connection:
 
 __all__ = [
     "MAX_EVENTS_PER_TURN",
+    "METHOD_COST",
     "REPLY_SUCCESS",
     "UNEXPECTED_FRAME",
     "Channel",
