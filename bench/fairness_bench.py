@@ -34,7 +34,7 @@ import amqp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.throughput import ROOT, OwnBroker  # noqa: E402
+from bench.throughput import ROOT, OwnBroker
 
 PHASES = ("idle", "flood", "declare", "purge")
 
