@@ -253,7 +253,10 @@ def listening_sockets(host: str | None, port: int, backlog: int = 1024) -> list[
             if key in seen:
                 continue
             seen.add(key)
-            s = socket.socket(family, type_, proto)
+            try:
+                s = socket.socket(family, type_, proto)
+            except OSError:  # an address family this host lacks (IPv6): skipped, as asyncio does
+                continue
             socks.append(s)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
@@ -268,6 +271,8 @@ def listening_sockets(host: str | None, port: int, backlog: int = 1024) -> list[
         for s in socks:
             s.close()
         raise
+    if not socks:
+        raise OSError(f"cannot listen on {host}:{port}: no usable address")
     return socks
 
 
