@@ -552,3 +552,38 @@ def test_isolation_and_dead_letter_load_without_effect_with_their_plugin_blocked
     host, config = _blocked(tmp_path, plugin, line)
     assert isinstance(config.vhosts["/"].defaults[section], UnparsedSection)
     assert plugin not in host.names() and section not in host.config_registry().section_names
+
+
+def test_the_front_door_limits_are_read() -> None:
+    cfg = parse_config(
+        "<broker>\n<limits><maxConnections>100</maxConnections>"
+        "<maxConnectionsPerUser>10</maxConnectionsPerUser>"
+        "<maxQueuesPerVhost>1000</maxQueuesPerVhost>"
+        "<loginFailureDelay>100ms</loginFailureDelay>"
+        "<loginFailureDelayMax>2s</loginFailureDelayMax></limits>\n</broker>"
+    )
+    lim = cfg.limits
+    assert (lim.max_connections, lim.max_connections_per_user, lim.max_queues_per_vhost) == (
+        100,
+        10,
+        1000,
+    )
+    assert (lim.login_failure_delay, lim.login_failure_delay_max) == (0.1, 2.0)
+    assert "maxConnections 100" in lim.describe() and "maxQueuesPerVhost 1000" in lim.describe()
+    default = parse_config("<broker/>").limits
+    assert (default.max_connections, default.max_queues_per_vhost) == (0, 0)
+    assert (default.login_failure_delay, default.login_failure_delay_max) == (0.5, 10.0)
+    assert "maxConnections unlimited" in default.describe()
+
+
+def test_a_login_delay_cap_below_the_delay_is_refused_where_it_is_written() -> None:
+    err = fails(
+        "<broker>\n<limits>\n<loginFailureDelay>5s</loginFailureDelay>\n"
+        "<loginFailureDelayMax>1s</loginFailureDelayMax>\n</limits>\n</broker>"
+    )
+    assert_located(err, 4, "loginFailureDelayMax", "below loginFailureDelay 5s")
+
+
+def test_a_negative_connection_limit_is_refused() -> None:
+    err = fails("<broker>\n<limits>\n<maxConnections>-1</maxConnections>\n</limits>\n</broker>")
+    assert err.line == 3 and "maxConnections" in str(err)
