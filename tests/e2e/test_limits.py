@@ -244,13 +244,19 @@ async def main():
     print(srv.port, flush=True)
     await srv.serve_forever()
 
+if sys.argv[3] == "uvloop":
+    import uvloop
+    uvloop.install()
 asyncio.run(main())
 """
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_accept_backs_off_when_out_of_descriptors_and_serves_once_they_free_up(
-    tmp_path: Path,
+    tmp_path: Path, loop: str
 ) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
     cfg = write_config(tmp_path)
     root = str(Path(__file__).resolve().parents[2])
 
@@ -258,7 +264,7 @@ def test_accept_backs_off_when_out_of_descriptors_and_serves_once_they_free_up(
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 
     proc = subprocess.Popen(
-        [sys.executable, "-c", ACCEPT_CHILD, str(cfg), root],
+        [sys.executable, "-c", ACCEPT_CHILD, str(cfg), root, loop],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=low_fd_limit,
