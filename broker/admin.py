@@ -549,6 +549,7 @@ def limits_json(li: LimitsInfo) -> dict[str, Any]:
         "login_failures": li.login_failures,
         "login_throttled": li.login_throttled,
         "login_throttled_peers": li.login_throttled_peers,
+        "login_turned_away": li.login_turned_away,
         "accept_failures": li.accept_failures,
         "accept_backing_off": li.accept_backing_off,
     }
@@ -681,6 +682,12 @@ def prometheus_text(api: BrokerAPI) -> str:
         "counter",
         "Failed logins whose answer was delayed (login throttling).",
         [("", li.login_throttled)],
+    )
+    family(
+        "plugbroker_login_turned_away_total",
+        "counter",
+        "Connections closed at once: their address had too many failed logins waiting.",
+        [("", li.login_turned_away)],
     )
     family(
         "plugbroker_accept_failures_total",

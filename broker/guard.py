@@ -39,6 +39,8 @@ class LoginThrottle:
     :param forget_after: seconds without a failure after which an address starts over
         (default: ``max(60, 4 * cap)``).
     :param max_peers: addresses remembered at most (the oldest is forgotten first).
+    :param max_pending: refusals one address may have waiting at once; a further connection
+        from it is closed before it can try a password (see :meth:`over`).
     """
 
     def __init__(
@@ -49,12 +51,18 @@ class LoginThrottle:
         *,
         forget_after: float | None = None,
         max_peers: int = 10_000,
+        max_pending: int = 32,
     ) -> None:
         self.clock = clock
         self.base = base
         self.cap = max(cap, base)
         self.forget_after = forget_after if forget_after is not None else max(60.0, 4 * self.cap)
         self.max_peers = max_peers
+        self.max_pending = max_pending
+        #: peer -> refusals being delayed right now (each holds a connection open)
+        self._pending: dict[str, int] = {}
+        #: connections closed at once because their address had max_pending refusals waiting
+        self.turned_away_total = 0
         #: peer -> (failures, time of the last failure); insertion order is age order
         self._peers: dict[str, tuple[int, float]] = {}
         #: failed logins answered with a delay, since start
@@ -76,6 +84,27 @@ class LoginThrottle:
         self.throttled_total += 1
         # 2 ** (n - 1) without overflow for a peer that keeps failing
         return min(self.base * (2.0 ** min(n - 1, 62)), self.cap)
+
+    def hold(self, peer: str) -> None:
+        """A refusal to ``peer`` is being delayed (its connection stays open meanwhile)."""
+        self._pending[peer] = self._pending.get(peer, 0) + 1
+
+    def release(self, peer: str) -> None:
+        """A refusal :meth:`hold` counted was answered, or its connection went away."""
+        n = self._pending.get(peer, 0) - 1
+        if n > 0:
+            self._pending[peer] = n
+        else:
+            self._pending.pop(peer, None)
+
+    def over(self, peer: str) -> bool:
+        """``peer`` has ``max_pending`` refusals waiting: a new connection from it is turned
+        away before it may try a password, so that guessing in parallel neither beats the
+        delay nor holds more than ``max_pending`` descriptors per address. Counts it."""
+        if self.base > 0 and self._pending.get(peer, 0) >= self.max_pending:
+            self.turned_away_total += 1
+            return True
+        return False
 
     def failures(self, peer: str) -> int:
         """Failures counted for ``peer`` (0 once forgotten)."""

@@ -473,6 +473,25 @@ class Connection:
         )
         self.close_reason = ""
         broker_.connection_opened(self)
+        #: a delayed login refusal counted by the login throttle (:meth:`_refuse_later`)
+        self._refusal_held = False
+        throttle = broker_.login_throttle
+        if throttle.over(self.peer_host):
+            n = throttle.turned_away_total
+            if n == 1 or n % 1000 == 0:
+                log.warning(
+                    "connection %s (%s) closed at once: %d failed logins from %s are waiting "
+                    "for their answer (%d connections turned away so far)",
+                    self.id,
+                    peer,
+                    throttle.max_pending,
+                    self.peer_host,
+                    n,
+                )
+            self.close_reason = "login throttled"
+            self._advance(Trigger.DROP)
+            self._cleanup()
+            transport.close()
         # Each handler takes the event class it is filed under; a mapping cannot say that
         # per key, hence Any for the event argument.
         self._handlers: dict[type[MethodEvent], Callable[[Channel, Any], None]] = {
@@ -648,6 +667,9 @@ class Connection:
         if self.admitted:
             self.admitted = False
             self.broker.release(self.user)
+        if self._refusal_held:
+            self._refusal_held = False
+            self.broker.login_throttle.release(self.peer_host)
         for ch in list(self.channels.values()):
             ch.teardown("connection-closed")
         self.channels.clear()
@@ -906,6 +928,8 @@ class Connection:
         self.close_reason = text
         self._advance(Trigger.SEND_CLOSE)
         self.transport.pause_reading()  # resumed by _refuse_now (not by process())
+        self.broker.login_throttle.hold(self.peer_host)
+        self._refusal_held = True
         if self._timeout_timer is not None:
             self.broker.timers.cancel(self._timeout_timer)
         self._timeout_timer = self.broker.timers.call_later(delay, lambda: self._refuse_now(text))

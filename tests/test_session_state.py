@@ -503,3 +503,31 @@ def test_every_client_method_has_a_place_in_the_session() -> None:
     conn = World().conn
     handled = set(conn._handlers) | set(CONNECTION_METHODS) | {ev.ChannelOpen, ev.Publish}
     assert handled == set(ev.CLIENT_METHODS)
+
+
+def test_an_address_with_too_many_refusals_waiting_is_turned_away_until_they_are_answered() -> None:
+    w = World()
+    throttle = w.broker.login_throttle
+    waiting = []
+    for i in range(throttle.max_pending):
+        t = FakeTransport()
+        conn = Connection(w.broker, t, f"10.0.0.9:{41000 + i}")
+        conn.data_received(
+            PROTOCOL_HEADER
+            + method_frame(0, "connection.start_ok", {}, "PLAIN", plain_response("x"), "en_US")
+        )
+        assert conn.state is S.CLOSING and not t.closed
+        waiting.append((conn, t))
+    # one more from that address is closed before it may try a password ...
+    t = FakeTransport()
+    conn = Connection(w.broker, t, "10.0.0.9:42000")
+    assert conn.state is S.CLOSED and t.closed and throttle.turned_away_total == 1
+    # ... another address is not
+    other = FakeTransport()
+    assert Connection(w.broker, other, "10.0.0.10:42000").state is S.AWAIT_HEADER
+    # once the refusals are answered and their connections gone, the address may connect again
+    w.clock.advance(throttle.cap + w.broker.close_timeout + 0.1)
+    w.broker.timers.run_due()
+    assert all(c.state is S.CLOSED and tr.closed for c, tr in waiting)
+    t = FakeTransport()
+    assert Connection(w.broker, t, "10.0.0.9:42001").state is S.AWAIT_HEADER and not t.closed

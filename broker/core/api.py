@@ -181,6 +181,8 @@ class LimitsInfo:
     login_throttled: int
     #: peer addresses whose failed logins are currently being delayed more
     login_throttled_peers: int
+    #: connections closed at once: their address had too many refusals waiting
+    login_turned_away: int
     #: accept() calls that failed for want of a resource (EMFILE ...), since start
     accept_failures: int
     #: a listener is backing off after such a failure
@@ -429,6 +431,7 @@ class BrokerAPI:
             login_failures=throttle.failures_total,
             login_throttled=throttle.throttled_total,
             login_throttled_peers=throttle.peers(),
+            login_turned_away=throttle.turned_away_total,
             accept_failures=sum(a.failures_total for a in b.acceptors),
             accept_backing_off=any(a.backing_off for a in b.acceptors),
         )
