@@ -270,10 +270,16 @@ class Acceptor:
             self.delay = self.min_delay
 
 
-def listening_sockets(host: str | None, port: int, backlog: int = 1024) -> list[socket.socket]:
+async def listening_sockets(
+    loop: asyncio.AbstractEventLoop, host: str | None, port: int, backlog: int = 1024
+) -> list[socket.socket]:
     """Bound, listening, non-blocking sockets for ``host:port`` (every address it resolves to,
-    as ``loop.create_server`` does; with port 0, one port chosen for all of them)."""
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    as ``loop.create_server`` does; with port 0, one port chosen for all of them). The name is
+    resolved off the loop, as ``create_server`` does (the loop runs meanwhile: signals noted
+    during the start are handled then)."""
+    infos = await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
     socks: list[socket.socket] = []
     seen: set[tuple[Any, ...]] = set()
     try:

@@ -147,7 +147,7 @@ class Server:
         self._handshakes.add(fut)
         fut.add_done_callback(self._handshakes.discard)
 
-    def _listen(
+    async def _listen(
         self,
         loop: asyncio.AbstractEventLoop,
         host: str,
@@ -157,13 +157,17 @@ class Server:
     ) -> tuple[list[Acceptor], int]:
         """Listen on ``host:port`` with our own accept loop (:class:`broker.guard.Acceptor`:
         it backs off when accept() runs out of file descriptors, on asyncio and uvloop alike)."""
-        socks = listening_sockets(host, port)
+        socks = await listening_sockets(loop, host, port)
         acceptors = [
             Acceptor(loop, s, factory, clock=self.broker.clock, log=log, what=what) for s in socks
         ]
         for a in acceptors:
             a.start()
         self.broker.acceptors.extend(acceptors)
+        # a few loop iterations, as loop.create_server takes: signal handlers noted while the
+        # store was being recovered (which holds the loop) run now, while still starting
+        for _ in range(3):
+            await asyncio.sleep(0)
         return acceptors, socks[0].getsockname()[1]
 
     async def start(self) -> None:
@@ -171,7 +175,7 @@ class Server:
         self.broker.attach_loop(loop)
         self._stopped = asyncio.Event()
         if self.plain:
-            self._acceptors, self.port = self._listen(
+            self._acceptors, self.port = await self._listen(
                 loop, self.host, self.port, lambda: AMQPProtocol(self.broker), "amqp"
             )
             log.info("listening on %s:%d", self.host, self.port)
@@ -189,7 +193,7 @@ class Server:
                 )
 
             try:
-                self._tls_acceptors, self.tls_port = self._listen(
+                self._tls_acceptors, self.tls_port = await self._listen(
                     loop, tls.host, tls.port, accept, "amqps"
                 )
             except OSError:
