@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -177,6 +177,10 @@ class Admin:
                     else sum(api.delayed_pending(v) for v in names)
                 ),
                 "alarm": api.alarm,
+                "alarms": [
+                    {"name": a.name, "detail": a.detail, "since": a.since} for a in api.alarms()
+                ],
+                "resources": _resources_json(api),
                 "plugins": list(api.plugin_names()),
                 **({"limits": limits_json(api.limits())} if vhosts is None else {}),
             }
@@ -208,6 +212,9 @@ class Admin:
                     "channels": c.channels,
                     "heartbeat": c.heartbeat,
                     "blocked": c.blocked,
+                    "output_paused": c.output_paused,
+                    "partial_bytes": c.partial_bytes,
+                    "unsent_bytes": c.unsent_bytes,
                 }
                 for c in self.api.connections()
             ]
@@ -555,6 +562,18 @@ def limits_json(li: LimitsInfo) -> dict[str, Any]:
     }
 
 
+def _resources_json(api: BrokerAPI) -> dict[str, Any]:
+    r = api.resources()
+    return {
+        "memory_used": r.memory_used,
+        "memory_high_watermark": r.memory_high_watermark,
+        "memory_low_watermark": r.memory_low_watermark,
+        "rss": r.rss,
+        "disk_free": r.disk_free,
+        "disk_free_limit": r.disk_free_limit,
+    }
+
+
 def _label(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -707,11 +726,65 @@ def prometheus_text(api: BrokerAPI) -> str:
         "1 while a resource alarm blocks publishers.",
         [("", int(api.alarm is not None))],
     )
+    raised = {a.name: a for a in api.alarms()}
     family(
         "plugbroker_alarm",
         "gauge",
-        "Each resource alarm the broker knows of: 1 while it is raised, else 0.",
-        [(f'alarm="{_label(name)}"', int(up)) for name, up in sorted(alarm_states(api).items())],
+        "1 while the named resource alarm (memory, disk, store) is raised.",
+        [(f'alarm="{n}"', int(n in raised)) for n in ("memory", "disk", "store")],
+    )
+    family(
+        "plugbroker_alarm_since_seconds",
+        "gauge",
+        "Unix time the named resource alarm was raised (present while it is).",
+        [(f'alarm="{n}"', a.since) for n, a in raised.items()],
+    )
+    conns = api.connections()
+    family(
+        "plugbroker_connections_blocked",
+        "gauge",
+        "Connections not read from because a resource alarm blocks their publishing.",
+        [("", sum(c.blocked for c in conns))],
+    )
+    family(
+        "plugbroker_connections_output_paused",
+        "gauge",
+        "Connections whose client does not read its socket (output past the water mark).",
+        [("", sum(c.output_paused for c in conns))],
+    )
+    r = api.resources()
+    family(
+        "plugbroker_memory_used_bytes",
+        "gauge",
+        "What the memory alarm counts: queued messages, partial bodies, unsent output.",
+        [("", r.memory_used)],
+    )
+    if r.memory_high_watermark is not None:
+        family(
+            "plugbroker_memory_high_watermark_bytes",
+            "gauge",
+            "The memory alarm goes on above this.",
+            [("", r.memory_high_watermark)],
+        )
+    if r.rss is not None:
+        family(
+            "plugbroker_process_rss_bytes",
+            "gauge",
+            "The process' resident set size.",
+            [("", r.rss)],
+        )
+    if r.disk_free is not None:
+        family(
+            "plugbroker_disk_free_bytes",
+            "gauge",
+            "Free space on the store's filesystem at the last check.",
+            [("", r.disk_free)],
+        )
+    family(
+        "plugbroker_disk_free_limit_bytes",
+        "gauge",
+        "The disk alarm goes on below this much free space.",
+        [("", r.disk_free_limit)],
     )
     return "\n".join(lines) + "\n"
 
@@ -728,17 +801,3 @@ _QUEUE_COUNTERS = (
     ),
     ("dead_lettered", "Messages dead-lettered from the queue since it was declared."),
 )
-
-
-def alarm_states(api: Any) -> dict[str, bool]:
-    """Alarm name -> raised, from what the API exposes: ``alarms`` (a mapping of name to state,
-    or the names raised) when it has one, else the single ``alarm`` (its reason, or None)."""
-    alarms = getattr(api, "alarms", None)
-    if callable(alarms):
-        alarms = alarms()
-    if isinstance(alarms, Mapping):
-        return {str(name): bool(up) for name, up in alarms.items()}
-    if alarms is not None:
-        return {str(name): True for name in alarms}
-    reason = api.alarm
-    return {str(reason): True} if reason else {}

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from broker.alarms import STORE, Alarm, ResourceMonitor, blocked_reason
 from broker.budget import Budgets
 from broker.clock import Clock, SystemClock
 from broker.config.users import Permission, is_loopback
@@ -81,6 +82,10 @@ class Broker:
         self._turn_scheduled = False
         #: set by the server to ``loop.call_soon``; None runs work at once (domain tests)
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: the raised resource alarms by name (memory, disk, store)
+        self.alarms: dict[str, Alarm] = {}
+        #: what connection.blocked says while any alarm is raised (None: publishers run);
+        #: a plain attribute, read on every publish
         self.alarm: str | None = None
         #: the listeners' accept loops (set by the server), for the admin view
         self.acceptors: list[Acceptor] = []
@@ -103,6 +108,8 @@ class Broker:
         self._loop_thread: int | None = None
         #: the narrow door plugins, admin and journal use (views and commands)
         self.api = BrokerAPI(self)
+        #: the memory and disk checks (started with the loop)
+        self.monitor = ResourceMonitor(self)
 
     # ------------------------------------------------------------------ setup
 
@@ -146,6 +153,7 @@ class Broker:
         earliest = self.timers.earliest()
         if earliest is not None:
             self._arm_timer(earliest)
+        self.monitor.start()
 
     def _arm_timer(self, due: float) -> None:
         loop = self.loop
@@ -325,13 +333,47 @@ class Broker:
         return u.permission(vhost) if u is not None else None
 
     def set_alarm(self, reason: str | None) -> None:
-        """Raise (reason) or clear (None) a resource alarm: publishers are blocked meanwhile."""
-        if reason == self.alarm:
+        """The store's alarm (``Store.attach``): raised with ``reason`` or cleared (None)."""
+        if reason is None:
+            self.clear_alarm(STORE, "store writes succeed again")
+        else:
+            self.raise_alarm(STORE, reason)
+
+    def raise_alarm(self, name: str, detail: str) -> None:
+        """Raise the ``name`` alarm (memory, disk, store): publishers are blocked meanwhile.
+        Raising it again only updates its detail."""
+        old = self.alarms.get(name)
+        if old is not None:
+            if old.detail != detail:
+                self.alarms[name] = Alarm(name, detail, old.since)
             return
-        self.alarm = reason
-        log.warning("resource alarm %s%s", "raised: " if reason else "cleared", reason or "")
+        self.alarms[name] = Alarm(name, detail, self.clock.time())
+        log.warning("resource alarm raised: %s: %s", name, detail)
+        self._alarms_changed()
+
+    def clear_alarm(self, name: str, detail: str = "") -> None:
+        if self.alarms.pop(name, None) is None:
+            return
+        log.warning("resource alarm cleared: %s%s", name, f": {detail}" if detail else "")
+        self._alarms_changed()
+
+    def _alarms_changed(self) -> None:
+        reason = blocked_reason(self.alarms)
+        was, self.alarm = self.alarm, reason
+        if (was is None) == (reason is None):
+            return  # still blocked (for another reason too) or still not
+        if reason is None:
+            log.warning("publishers unblocked: no resource alarm is raised")
         for conn in list(self.connections.values()):
             conn.set_blocked(reason)
+
+    def check_stalled_bodies(self) -> None:
+        """Close the connections that have sat in the middle of a message body, sending
+        nothing more, for ``<bodyStallTimeout>`` (O(connections); run by the monitor)."""
+        timeout = self.limits.body_stall_timeout
+        now = self.clock.monotonic()
+        for conn in list(self.connections.values()):
+            conn.check_body_stall(now, timeout)
 
     # ------------------------------------------------------------------ policy resolution
 
@@ -509,6 +551,7 @@ class Broker:
     # ------------------------------------------------------------------ shutdown
 
     def close_all(self, text: str = "broker shutdown") -> None:
+        self.monitor.stop()
         for conn in list(self.connections.values()):
             conn.force_close(text)
         self.end_of_turn()

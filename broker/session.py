@@ -432,7 +432,9 @@ class Connection:
         self.clock = broker_.clock
         limits = broker_.limits
         self.codec = ServerCodec(
-            frame_max=limits.frame_max, max_message_size=limits.max_message_size
+            frame_max=limits.frame_max,
+            max_message_size=limits.max_message_size,
+            partial_budget=limits.partial_body_budget,
         )
         #: moved only through the transition table (:meth:`_advance`)
         self.state = AWAIT_HEADER
@@ -443,7 +445,16 @@ class Connection:
         self.confirming: list[Channel] = []
         self.flush_pending = False
         self.writable = True
+        #: reading paused for the rest of this loop turn (MAX_EVENTS_PER_TURN)
         self.reading_paused = False
+        #: whether the transport is told not to read (:meth:`_sync_reading`)
+        self._reading_off = False
+        #: the client was told connection.blocked and not yet connection.unblocked
+        self.notified_blocked = False
+        #: the not-reading-its-socket warning was logged (once per connection)
+        self._logged_unread = False
+        #: (partial body bytes, since when) for the stalled-body check
+        self._stall_mark: tuple[int, float] | None = None
         self.user = ""
         self.vhost: VirtualHost | None = None
         #: the user's patterns on the vhost (set at connection.open and by a reload)
@@ -583,12 +594,35 @@ class Connection:
         else:
             out.clear()
 
+    def _sync_reading(self) -> None:
+        """Tell the transport to read or not: not while this turn's event budget is spent,
+        while a resource alarm blocks this publisher, or while its output is not drained."""
+        off = self.reading_paused or self.blocked or not self.writable
+        if off is not self._reading_off:
+            self._reading_off = off
+            if off:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
     def pause_writing(self) -> None:
-        """The peer is not reading: stop delivering to it until it drains."""
+        """The peer is not reading: stop delivering to it, and stop reading from it (what it
+        sends would only add confirms and returns to the unsent output) until it drains."""
         self.writable = False
+        if not self._logged_unread:
+            self._logged_unread = True
+            log.warning(
+                "connection %s (%s): the client is not reading its socket (%d bytes unsent); "
+                "deliveries to it and reading from it are paused until it drains",
+                self.id,
+                self.peer,
+                self.unsent_bytes(),
+            )
+        self._sync_reading()
 
     def resume_writing(self) -> None:
         self.writable = True
+        self._sync_reading()
         for ch in self.channels.values():
             for c in ch.consumers.values():
                 c.queue.vhost.mark_dirty(c.queue)
@@ -638,12 +672,12 @@ class Connection:
             if handled >= MAX_EVENTS_PER_TURN:
                 if not self.reading_paused:
                     self.reading_paused = True
-                    self.transport.pause_reading()
+                    self._sync_reading()
                 self.broker.call_soon(self.process)
                 return
-        if self.reading_paused and not self.blocked:
+        if self.reading_paused:
             self.reading_paused = False
-            self.transport.resume_reading()
+            self._sync_reading()
 
     def connection_lost(self) -> None:
         if not self._allows(Trigger.LOST):
@@ -660,6 +694,7 @@ class Connection:
             )
 
     def _cleanup(self) -> None:
+        self.codec.release()
         for t in (self._hb_timer, self._timeout_timer):
             if t is not None:
                 self.broker.timers.cancel(t)
@@ -724,6 +759,7 @@ class Connection:
             self.codec.encode_method(0, "connection.close", code, text[:255], method[0], method[1])
         )
         self.flush()
+        self.codec.drop_partials()
         for ch in list(self.channels.values()):
             ch.teardown("connection-closed")
         if was_open is AWAIT_HEADER:
@@ -1031,6 +1067,7 @@ class Connection:
             self._hb_timer = self.broker.timers.call_later(self.heartbeat / 2, self._hb_tick)
         if self.broker.alarm and self.client_caps.get("connection.blocked"):
             self.send(0, "connection.blocked", self.broker.alarm)
+            self.notified_blocked = True
         log.info(
             "connection %s (%s) opened: user %r vhost %r heartbeat %ds",
             self.id,
@@ -1049,9 +1086,10 @@ class Connection:
             return
         now = self.clock.monotonic()
         hb = self.heartbeat
-        if self.blocked:
-            # we stopped reading from it (resource alarm): its heartbeats sit unread, so
-            # the missed-heartbeat check pauses meanwhile (as RabbitMQ's does)
+        if self.blocked or not self.writable:
+            # we stopped reading from it (a resource alarm, or its output is not drained):
+            # its heartbeats sit unread, so the missed-heartbeat check pauses meanwhile (as
+            # RabbitMQ's does while a connection is blocked)
             self.last_recv = now
         if now - self.last_recv > 2 * hb:
             log.warning(
@@ -1072,22 +1110,70 @@ class Connection:
         self._hb_timer = self.broker.timers.call_later(hb / 2, self._hb_tick)
 
     def set_blocked(self, reason: str | None) -> None:
-        """A resource alarm went on (``reason``) or off (None)."""
-        if not self.client_caps.get("connection.blocked") or self.state is not OPEN:
-            if reason is None and self.blocked:
-                self.blocked = False
-                self.transport.resume_reading()
-            return
+        """A resource alarm went on (``reason``: the first one) or off (None: the last one).
+
+        Every open connection that advertised the capability hears connection.blocked; the
+        broker stops reading from those that publish (that have published, or are sending
+        a message body now). The others are stopped at their first publish
+        (:meth:`_publish`). All hear connection.unblocked when the last alarm clears.
+        """
         if reason is not None:
-            self.send(0, "connection.blocked", reason)
-            if self.published:
-                self.blocked = True
-                self.transport.pause_reading()
-        else:
-            self.send(0, "connection.unblocked")
-            if self.blocked:
-                self.blocked = False
-                self.transport.resume_reading()
+            if self.state is OPEN and self.client_caps.get("connection.blocked"):
+                self.send(0, "connection.blocked", reason)
+                self.notified_blocked = True
+            if self.published or self.codec.partial_bytes:
+                self.block()
+            return
+        if self.notified_blocked:
+            self.notified_blocked = False
+            if self.state is OPEN:
+                self.send(0, "connection.unblocked")
+        if self.blocked:
+            self.blocked = False
+            self._stall_mark = None
+            self._sync_reading()
+
+    def block(self) -> None:
+        """Stop reading from this publisher while a resource alarm is raised."""
+        if not self.blocked:
+            self.blocked = True
+            self._sync_reading()
+
+    def unsent_bytes(self) -> int:
+        """Output written to the transport and not yet on the socket, plus this turn's."""
+        size = getattr(self.transport, "get_write_buffer_size", None)
+        pending = sum(map(len, self.out))
+        return pending + (size() if size is not None else 0)
+
+    def held_bytes(self) -> int:
+        """What this connection holds in memory: message bodies still arriving, unparsed
+        input, unsent output (the memory alarm counts it)."""
+        codec = self.codec
+        return codec.partial_bytes + codec.buffered() + self.unsent_bytes()
+
+    def check_body_stall(self, now: float, timeout: float) -> None:
+        """Close the connection if it has sat in the middle of a message body, sending no
+        more of it, for ``timeout`` seconds while the broker was reading from it (a blocked
+        publisher's time does not count). During a resource alarm a connection caught in
+        the middle of a body is blocked too."""
+        partial = self.codec.partial_bytes
+        if not partial or self.state is not OPEN:
+            self._stall_mark = None
+            return
+        if self.broker.alarm is not None and not self.blocked:
+            self.block()
+        mark = self._stall_mark
+        if self.blocked or mark is None or mark[0] != partial:
+            self._stall_mark = (partial, now)
+            return
+        if now - mark[1] >= timeout:
+            self.connection_error(
+                ConnectionError_(
+                    CONNECTION_FORCED,
+                    f"message body stalled: {partial} bytes received, nothing more for "
+                    f"{now - mark[1]:.1f} s (limit {timeout:g} s)",
+                )
+            )
 
     # ================================================================ channel class
 
@@ -1441,8 +1527,7 @@ class Connection:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", BASIC_PUBLISH)
         if self.broker.alarm is not None and not self.blocked:
             # first publish during a resource alarm: stop reading from this publisher too
-            self.blocked = True
-            self.transport.pause_reading()
+            self.block()
         if ch.tx:
             # refuse a bad target now (as RabbitMQ does), not half-way through tx.commit
             vh = ch.vhost

@@ -39,6 +39,7 @@ from broker.errors import (
     COMMAND_INVALID,
     FRAME_ERROR,
     PRECONDITION_FAILED,
+    RESOURCE_ERROR,
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
     ChannelError,
@@ -193,7 +194,12 @@ class ServerCodec:
     :param max_message_size: larger bodies are refused with a 406 channel error.
     """
 
-    def __init__(self, frame_max: int = 131072, max_message_size: int = 128 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        frame_max: int = 131072,
+        max_message_size: int = 128 * 1024 * 1024,
+        partial_budget: int = 0,
+    ) -> None:
         self._buf = bytearray()
         self._pos = 0
         self._greeted = False
@@ -201,6 +207,11 @@ class ServerCodec:
         self.frame_max = max(frame_max, FRAME_MIN_SIZE)
         self.max_message_size = max_message_size
         self._pending: dict[int, _Pending] = {}
+        #: body bytes held for publishes still being assembled, over all channels
+        self.partial_bytes = 0
+        #: the most :attr:`partial_bytes` may reach (0: no budget); past it the publish that
+        #: would cross it fails with a 506 channel error and its body is read and dropped
+        self.partial_budget = partial_budget
 
     # ------------------------------------------------------------------ input
 
@@ -230,11 +241,33 @@ class ServerCodec:
         frames are on the wire already) and dropped without an event or an error."""
         pending = self._pending.get(channel)
         if pending is not None:
+            self._drop_chunks(pending)
             if pending.has_header and pending.received >= pending.body_size:
                 del self._pending[channel]
             else:
                 pending.discard = True
                 pending.silent = True
+
+    def _drop_chunks(self, pending: _Pending) -> None:
+        """Let go of what a publish being assembled holds (it is dropped or complete)."""
+        if pending.chunks:
+            self.partial_bytes -= sum(len(c) for c in pending.chunks)
+            pending.chunks = []
+
+    def drop_partials(self) -> None:
+        """The connection is closing: let go of the bodies being assembled (what more
+        arrives of them is read and dropped)."""
+        for pending in self._pending.values():
+            self._drop_chunks(pending)
+            pending.discard = pending.silent = True
+
+    def release(self) -> None:
+        """The connection is gone: drop every publish still being assembled, and the input."""
+        for pending in self._pending.values():
+            self._drop_chunks(pending)
+        self._pending.clear()
+        self._buf = bytearray()
+        self._pos = 0
 
     def next_event(self) -> Event | _NeedData:
         """The next complete event, or :data:`NEED_DATA`.
@@ -311,6 +344,7 @@ class ServerCodec:
             if not pending.silent:
                 raise ConnectionError_(UNEXPECTED_FRAME, _expected_content(pending))
             # the broker closed this channel mid-content and the client moved on
+            self._drop_chunks(pending)
             del self._pending[channel]
         head = payload[:4]
         if head == _ACK_SIG and len(payload) == 13:
@@ -448,13 +482,31 @@ class ServerCodec:
                 f"{pending.body_size} bytes its header declared",
             )
         if not pending.discard:
+            n = len(payload)
+            budget = self.partial_budget
+            if budget and self.partial_bytes + n > budget and pending.received < pending.body_size:
+                # past the connection's budget: this publish fails, its body is read and dropped
+                held = self.partial_bytes
+                self._drop_chunks(pending)
+                pending.discard = pending.silent = True
+                raise ChannelError(
+                    RESOURCE_ERROR,
+                    f"partial message bodies on this connection would exceed its budget of "
+                    f"{budget} bytes ({held} held)",
+                    BASIC_PUBLISH,
+                    channel,
+                )
             pending.chunks.append(payload)
+            self.partial_bytes += n
         if pending.received == pending.body_size:
             return self._complete(channel, pending)
         return None
 
     def _complete(self, channel: int, p: _Pending) -> Publish | None:
         del self._pending[channel]
+        chunks = p.chunks
+        if chunks:
+            self.partial_bytes -= p.received
         if p.silent:
             return None
         if p.discard:
@@ -467,7 +519,6 @@ class ServerCodec:
             )
         if len(p.properties) > _DEEP_MIN:
             _check_headers_depth(p.properties)
-        chunks = p.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         return _publish_event(
             channel,

@@ -390,7 +390,33 @@ class _Loader:
             max_queues_per_vhost=c.integer(el, "maxQueuesPerVhost", 0, minimum=0),
             login_failure_delay=delay,
             login_failure_delay_max=delay_max,
+            **self._watermark(el),
+            disk_free_limit=c.size(el, "diskFreeLimit", 50 * 1024 * 1024),
+            partial_body_budget=c.size(el, "partialBodyBudget", 256 * 1024 * 1024, minimum=1),
+            body_stall_timeout=c.duration(el, "bodyStallTimeout", 30.0),
         )
+
+    def _watermark(self, el: Any) -> dict[str, Any]:
+        """``<memoryHighWatermark>``: a fraction of physical memory (``0.4``: a number with a
+        decimal point and no unit) or a size (``400MB``, or bytes)."""
+        c = self.ctx
+        text = c.text(el, "memoryHighWatermark")
+        if text is None:
+            return {}
+        if "." in text and text[-1:].isdigit():
+            try:
+                fraction = float(text)
+            except ValueError:
+                fraction = -1.0
+            if not 0.0 < fraction <= 1.0:
+                raise self.err(
+                    el.find("memoryHighWatermark"),
+                    f"{text} is not a fraction of physical memory above 0 and at most 1 "
+                    "(or give a size such as 400MB)",
+                )
+            return {"memory_high_watermark": fraction, "memory_high_watermark_bytes": None}
+        size = c.size(el, "memoryHighWatermark", None, minimum=1)
+        return {"memory_high_watermark": None, "memory_high_watermark_bytes": size}
 
     # -- virtual hosts ------------------------------------------------------------------------
 

@@ -180,11 +180,26 @@ class Limits:
     #: (0 disables the throttle)
     login_failure_delay: float = 0.5
     login_failure_delay_max: float = 10.0
+    #: the memory alarm's high mark as a fraction of physical memory (``0.4``), or None when
+    #: :attr:`memory_high_watermark_bytes` gives it as a size
+    memory_high_watermark: float | None = 0.4
+    memory_high_watermark_bytes: int | None = None
+    #: the disk alarm goes on while the store's filesystem has less free space than this
+    disk_free_limit: int = 50 * 1024 * 1024
+    #: the most a connection may hold in message bodies still arriving, over its channels
+    partial_body_budget: int = 256 * 1024 * 1024
+    #: seconds a connection may sit in the middle of a message body without sending more
+    body_stall_timeout: float = 30.0
 
     def describe(self) -> str:
         def limit(n: int) -> str:
             return str(n) if n else "unlimited"
 
+        watermark = (
+            format_size(self.memory_high_watermark_bytes)
+            if self.memory_high_watermark_bytes is not None
+            else f"{self.memory_high_watermark:g}"
+        )
         return (
             f"heartbeat {format_duration(self.heartbeat)}, frameMax {self.frame_max}, "
             f"channelMax {self.channel_max}, handshakeTimeout "
@@ -194,7 +209,10 @@ class Limits:
             f"{limit(self.max_connections_per_user)}, maxQueuesPerVhost "
             f"{limit(self.max_queues_per_vhost)}, loginFailureDelay "
             f"{format_duration(self.login_failure_delay)} (max "
-            f"{format_duration(self.login_failure_delay_max)})"
+            f"{format_duration(self.login_failure_delay_max)}), memoryHighWatermark {watermark}, "
+            f"diskFreeLimit {format_size(self.disk_free_limit)}, partialBodyBudget "
+            f"{format_size(self.partial_body_budget)}, bodyStallTimeout "
+            f"{format_duration(self.body_stall_timeout)}"
         )
 
 

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import broker as _pkg
+from broker.alarms import rss_bytes
 from broker.codec import properties as props_codec
 from broker.codec.ids import QUEUE_DECLARE
 from broker.domain import fate
@@ -157,6 +158,36 @@ class ConnectionInfo:
     heartbeat: int
     #: publishers of a blocked connection are not read from (a resource alarm)
     blocked: bool
+    #: the client does not read its socket: deliveries to it and reading from it pause
+    output_paused: bool = False
+    #: bytes of message bodies still arriving on it
+    partial_bytes: int = 0
+    #: bytes of output not yet on its socket
+    unsent_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmInfo:
+    """A raised resource alarm."""
+
+    #: memory, disk or store
+    name: str
+    #: what was measured against which limit
+    detail: str
+    #: wall-clock seconds when it was raised
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceInfo:
+    """What the resource alarms measure (bytes; None where not known)."""
+
+    memory_used: int
+    memory_high_watermark: int | None
+    memory_low_watermark: int | None
+    rss: int | None
+    disk_free: int | None
+    disk_free_limit: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,8 +348,28 @@ class BrokerAPI:
 
     @property
     def alarm(self) -> str | None:
-        """The resource alarm blocking publishers, or None."""
+        """What connection.blocked says while a resource alarm blocks publishers (``low on
+        memory``, ``low on disk``, ``low on memory & disk``), or None."""
         return self._b.alarm
+
+    def alarms(self) -> list[AlarmInfo]:
+        """The raised resource alarms, oldest first."""
+        return [
+            AlarmInfo(a.name, a.detail, a.since)
+            for a in sorted(self._b.alarms.values(), key=lambda a: a.since)
+        ]
+
+    def resources(self) -> ResourceInfo:
+        """The figures of the last memory and disk checks, and the process' RSS now."""
+        m = self._b.monitor
+        return ResourceInfo(
+            m.memory_used_last,
+            m.high_watermark,
+            m.low_watermark,
+            rss_bytes(),
+            m.disk_free_last,
+            m.disk_free_limit,
+        )
 
     def call_on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the broker's loop and return its result (from another thread;
@@ -411,6 +462,9 @@ class BrokerAPI:
                 len(c.channels),
                 c.heartbeat,
                 c.blocked,
+                not c.writable,
+                c.codec.partial_bytes,
+                c.unsent_bytes(),
             )
             for c in self._b.connections.values()
         ]

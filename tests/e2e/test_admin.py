@@ -311,7 +311,7 @@ def test_metrics_count_published_delivered_acked_redelivered_dead_lettered(broke
         assert ch.queue_declare("counted-dlq", passive=True).message_count == 1
     finally:
         conn.close()
-    b.call(lambda: b.broker.set_alarm("disk"))
+    b.call(lambda: b.broker.raise_alarm("disk", "test"))
     metrics = call(b, "/metrics")
     q = 'vhost="/",queue="counted"'
     got = {
@@ -331,5 +331,5 @@ def test_metrics_count_published_delivered_acked_redelivered_dead_lettered(broke
     assert "# TYPE plugbroker_queue_dead_lettered_total counter" in metrics
     assert _metric(metrics, "plugbroker_alarm", 'alarm="disk"') == 1
     assert "plugbroker_resource_alarm 1" in metrics.splitlines()
-    b.call(lambda: b.broker.set_alarm(None))
+    b.call(lambda: b.broker.clear_alarm("disk"))
     assert "plugbroker_resource_alarm 0" in call(b, "/metrics").splitlines()
