@@ -1152,10 +1152,11 @@ class Connection:
         return codec.partial_bytes + codec.buffered() + self.unsent_bytes()
 
     def check_body_stall(self, now: float, timeout: float) -> None:
-        """Close the connection if it has sat in the middle of a message body, sending no
-        more of it, for ``timeout`` seconds while the broker was reading from it (a blocked
-        publisher's time does not count). During a resource alarm a connection caught in
-        the middle of a body is blocked too."""
+        """Close the connection (320) if it has sat in the middle of a message body, its
+        partial bytes unchanged, for ``timeout`` seconds. During a resource alarm a connection
+        caught in the middle of a body is blocked too, and its time blocked counts: its partial
+        body is memory nobody can use, and the broker, not reading, would not even see the
+        client leave."""
         partial = self.codec.partial_bytes
         if not partial or self.state is not OPEN:
             self._stall_mark = None
@@ -1163,7 +1164,7 @@ class Connection:
         if self.broker.alarm is not None and not self.blocked:
             self.block()
         mark = self._stall_mark
-        if self.blocked or mark is None or mark[0] != partial:
+        if mark is None or mark[0] != partial:
             self._stall_mark = (partial, now)
             return
         if now - mark[1] >= timeout:
