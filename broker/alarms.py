@@ -11,6 +11,8 @@ broker's clock; the store raises its own through ``Store.attach(clock, on_alarm)
 
 What the memory alarm counts (:meth:`ResourceMonitor.memory_used`), O(queues + connections):
 
+* the process' resident size when the broker started (the interpreter, its modules, the
+  recovered state): the watermark bounds the whole process, as RabbitMQ's does;
 * queued messages: each queue's byte total (kept as messages come and go) plus a fixed
   per-message overhead (:data:`MESSAGE_OVERHEAD`), less the bodies a store has paged out;
 * message bodies still arriving (the codec's ``partial_bytes``) and unparsed input;
@@ -108,6 +110,10 @@ def format_bytes(n: float) -> str:
 class ResourceMonitor:
     """Checks memory and free disk space on the broker's timer heap (its clock)."""
 
+    #: count the process' RSS at start in the memory used (False for a broker that shares its
+    #: process with something else, e.g. a test run, whose size is not the broker's)
+    count_start_rss = True
+
     def __init__(self, broker: Broker, *, statvfs: Callable[[str], Any] = os.statvfs) -> None:
         self.broker = broker
         #: replaceable (tests): ``os.statvfs``'s signature
@@ -127,6 +133,8 @@ class ResourceMonitor:
         #: the directory whose filesystem the disk check watches (None: no store on disk)
         self.disk_path: str | None = str(store_dir) if store_dir is not None else None
         self.memory_used_last = 0
+        #: the process' RSS when the checks started (counted in :meth:`memory_used`)
+        self.baseline = 0
         self.disk_free_last: int | None = None
         self.memory_period = MEMORY_CHECK_PERIOD
         self._timers: list[Any] = []
@@ -138,6 +146,15 @@ class ResourceMonitor:
         if self.running:
             return
         self.running = True
+        self.baseline = (rss_bytes() or 0) if self.count_start_rss else 0
+        high = self.high_watermark
+        if high is not None and self.baseline >= (self.low_watermark or high):
+            log.warning(
+                "memoryHighWatermark %s is not above the process' size at start (%s): the "
+                "memory alarm will stay raised",
+                format_bytes(high),
+                format_bytes(self.baseline),
+            )
         self._memory_tick()
         if self.disk_path is not None:
             self._disk_tick()
@@ -170,7 +187,7 @@ class ResourceMonitor:
 
     def memory_used(self) -> int:
         """What the broker holds, in bytes (see the module's docstring): O(queues + conns)."""
-        total = 0
+        total = self.baseline
         overhead = MESSAGE_OVERHEAD
         for vh in self.broker.vhosts.values():
             for q in vh.queues.values():
