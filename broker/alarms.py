@@ -21,6 +21,8 @@ What the memory alarm counts (:meth:`ResourceMonitor.memory_used`), O(queues + c
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import time
@@ -50,6 +52,26 @@ MEMORY_CHECK_PERIOD = 0.1
 MEMORY_CHECK_MAX_PERIOD = 1.0
 #: the disk check's period
 DISK_CHECK_PERIOD = 1.0
+#: the least input between two checks the input triggers (below the watermark)
+INGEST_MIN_ROOM = 256 * 1024
+#: while an alarm is raised, input re-checks memory at most once per this many bytes read
+INGEST_RECHECK = 16 * 1024 * 1024
+#: memory used falling by this much since the last trim hands freed heap pages back to the
+#: system (``malloc_trim``): freed bodies otherwise stay in the process' heap
+TRIM_STEP = 64 * 1024 * 1024
+
+
+def _malloc_trim() -> Callable[[], None] | None:
+    """glibc's ``malloc_trim(0)``, or None where there is none."""
+    try:
+        name = ctypes.util.find_library("c")
+        if not name:
+            return None
+        fn = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    return lambda: fn(0) and None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +159,13 @@ class ResourceMonitor:
         self.baseline = 0
         self.disk_free_last: int | None = None
         self.memory_period = MEMORY_CHECK_PERIOD
+        #: bytes read from clients since the last memory check (:meth:`Connection.data_received`
+        #: adds to it); past :attr:`ingest_room` the memory check runs at once, so a burst cannot
+        #: overshoot the watermark by more than one read between two timed checks
+        self.ingested = 0
+        self.ingest_room = 1 << 62
+        self._trim = _malloc_trim()
+        self._trim_mark = 0
         self._timers: list[Any] = []
         self.running = False
 
@@ -205,9 +234,17 @@ class ResourceMonitor:
 
     def check_memory(self) -> int:
         used = self.memory_used_last = self.memory_used()
+        self.ingested = 0
         high = self.high_watermark
+        if self._trim is not None:
+            if used > self._trim_mark:
+                self._trim_mark = used
+            elif used < self._trim_mark - TRIM_STEP:
+                self._trim_mark = used
+                self._trim()
         if high is None:
             return used
+        self.ingest_room = max(high - used, INGEST_MIN_ROOM)
         raised = MEMORY in self.broker.alarms
         if not raised and used > high:
             self.broker.raise_alarm(
@@ -221,6 +258,8 @@ class ResourceMonitor:
                 f"memory used {format_bytes(used)} is below the low watermark "
                 f"{format_bytes(self.low_watermark)}",
             )
+        if MEMORY in self.broker.alarms:
+            self.ingest_room = max(self.ingest_room, INGEST_RECHECK)
         return used
 
     def check_disk(self) -> int | None:

@@ -632,6 +632,10 @@ class Connection:
             return
         self.last_recv = self.clock.monotonic()
         self.codec.receive_data(data)
+        mon = self.broker.monitor
+        mon.ingested += len(data)
+        if mon.ingested > mon.ingest_room:
+            mon.check_memory()
         self.process()
 
     def process(self) -> None:
