@@ -178,7 +178,10 @@ class _Pending:
         self.immediate = immediate
         self.body_size = 0
         self.properties = b""
-        self.chunks: list[bytes] = []
+        #: the body so far: its first frame's payload, then one bytearray the later frames
+        #: extend (one growing allocation rather than one per frame: the heap of a broker
+        #: holding many partial bodies stays unfragmented, and is returned once they go)
+        self.chunks: list[bytes | bytearray] = []
         self.received = 0
         self.has_header = False
         self.discard = False
@@ -496,7 +499,14 @@ class ServerCodec:
                     BASIC_PUBLISH,
                     channel,
                 )
-            pending.chunks.append(payload)
+            chunks = pending.chunks
+            if not chunks:
+                chunks.append(payload)
+            else:
+                first = chunks[0]
+                if type(first) is bytes:
+                    chunks[0] = first = bytearray(first)
+                first += payload
             self.partial_bytes += n
         if pending.received == pending.body_size:
             return self._complete(channel, pending)
@@ -519,7 +529,8 @@ class ServerCodec:
             )
         if len(p.properties) > _DEEP_MIN:
             _check_headers_depth(p.properties)
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        first = chunks[0] if chunks else b""
+        body = first if type(first) is bytes else bytes(first)
         return _publish_event(
             channel,
             p.exchange,
