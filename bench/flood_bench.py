@@ -13,6 +13,9 @@ Two scenarios against a plugbroker subprocess (``<memoryHighWatermark>`` 300MB b
   127 MiB body and stop. Printed: RSS before, the largest RSS while they stall, and RSS after
   the broker closed them (``<bodyStallTimeout>``, 5 s here) and they disconnected.
 
+* ``idle``: ``--idle`` connections (default 10,000) open (handshake done, one channel) and
+  idle. Printed: RSS before and after, and per connection.
+
 RSS is read from ``/proc/PID/status`` every 50 ms. Linux only.
 
     python3 bench/flood_bench.py                       # both, 180 s flood
@@ -278,13 +281,48 @@ def stalled(n: int, partial_mib: int, watermark: str) -> dict[str, float]:
     }
 
 
+def idle(n: int, watermark: str) -> dict[str, float]:
+    b = Broker(watermark, "30s")
+    time.sleep(0.5)
+    before = rss(b.proc.pid)
+    clients: list[RawClient] = []
+    try:
+        started = time.monotonic()
+        for _ in range(n):
+            raw = RawClient(b.port, timeout=30)
+            raw.handshake()
+            clients.append(raw)
+        opened_s = time.monotonic() - started
+        time.sleep(2.0)
+        after = rss(b.proc.pid)
+        # the broker still answers a new client while holding them
+        t0 = time.monotonic()
+        probe = RawClient(b.port)
+        probe.handshake()
+        probe.close()
+        probe_ms = (time.monotonic() - t0) * 1000
+    finally:
+        for raw in clients:
+            raw.close()
+        b.stop()
+    return {
+        "connections": float(len(clients)),
+        "open_seconds": opened_s,
+        "rss_before_mb": before / MIB,
+        "rss_after_mb": after / MIB,
+        "kib_per_connection": (after - before) / 1024 / max(1, len(clients)),
+        "new_client_handshake_ms": probe_ms,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=180.0, help="flood duration (default 180)")
     ap.add_argument("--watermark", default="300MB")
     ap.add_argument("--stalled", type=int, default=30)
     ap.add_argument("--partial-mib", type=int, default=100)
-    ap.add_argument("--only", choices=("flood", "stalled"))
+    ap.add_argument("--idle", type=int, default=10_000)
+    ap.add_argument("--only", choices=("flood", "stalled", "idle"))
     args = ap.parse_args()
     wm = args.watermark
     m = re.fullmatch(r"(\d+)MB", wm)
@@ -303,6 +341,11 @@ def main() -> int:
             f"watermark {wm}, bodyStallTimeout 5s"
         )
         for k, v in r2.items():
+            print(f"  {k:26} {v:.1f}")
+    if args.only in (None, "idle"):
+        r3 = idle(args.idle, wm)
+        print(f"idle: {args.idle} connections, handshake done, one channel each")
+        for k, v in r3.items():
             print(f"  {k:26} {v:.1f}")
     return 0
 
