@@ -346,6 +346,7 @@ def broker_message_delivered(
     message: MessageView,
     redelivered: bool,
     no_ack: bool,
+    due: float | None,
 ) -> None:
     """A message was handed to a consumer (basic.deliver) or a poller (basic.get-ok).
 
@@ -358,8 +359,37 @@ def broker_message_delivered(
     :param message: the message; read-only.
     :param redelivered: the redelivered flag sent with it.
     :param no_ack: delivered with no-ack: it is settled as it is sent and no ack will follow.
+    :param due: when the message says it is due, in seconds since the epoch, if that was later
+        than the delivery (its ETA header, ``<isolation><etaHeaders>``): the delivery is off
+        the consumer's ack clock until then. ``None`` otherwise (always for basic.get).
 
     Called when the frames are written to the connection's buffer. Not firstresult.
+    """
+
+
+@hookspec
+def broker_delivery_touched(
+    vhost: str,
+    queue: str,
+    consumer_tag: str,
+    connection_id: str,
+    channel_id: int,
+    delivery_tag: int,
+    message: MessageView,
+) -> None:
+    """A consumer said it still works on one of its deliveries: its ack clock restarted.
+
+    The consumer published to ``amq.touch`` naming the delivery tag (docs/isolation.md).
+
+    :param vhost: the virtual host.
+    :param queue: the queue the delivery came from.
+    :param consumer_tag: the consumer holding it.
+    :param connection_id: its connection.
+    :param channel_id: its channel.
+    :param delivery_tag: the delivery tag touched.
+    :param message: the message; read-only.
+
+    Called after the clock restarted; not for a touch that named no delivery. Not firstresult.
     """
 
 

@@ -141,6 +141,7 @@ class PluginHost:
     consumer_released: HookCaller | None
     message_published: HookCaller | None
     message_delivered: HookCaller | None
+    delivery_touched: HookCaller | None
     message_acked: HookCaller | None
     message_rejected: HookCaller | None
     message_redelivered: HookCaller | None

@@ -89,7 +89,7 @@ from broker.codec.ids import (
 from broker.codec.properties import PropertiesError
 from broker.config.users import FULL_PATTERN, Permission
 from broker.domain import fate
-from broker.domain.exchange import DelayedExchange
+from broker.domain.exchange import ACK_TIMEOUT_HEADER, TOUCH_TAG_HEADER, DelayedExchange
 from broker.domain.message import Message
 from broker.domain.queue import EXCLUSIVE, Consumer, Queue
 from broker.errors import (
@@ -248,6 +248,7 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         now = self.conn.clock.monotonic()
+        due_wall: float | None = None
         if consumer.first_delivery is None:
             consumer.first_delivery = now
         consumer.delivered_total += 1
@@ -258,9 +259,18 @@ class Channel:
             fate.settle_unacked(queue, msg)
         else:
             self.unacked[tag] = (msg, queue, consumer)
-            if not consumer.unacked:
-                consumer.busy_since = now  # nothing unacked -> something: the clock starts
-            consumer.unacked += 1
+            if queue.eta_headers:  # ETA awareness (SPEC 6): parsed once, here
+                consumer.unacked += 1
+                due = self._due(msg, queue.eta_headers)
+                if due is not None and due[0] > now:
+                    fate.hold_deferred(consumer, msg.id, due[0])
+                    due_wall = due[1]
+                else:
+                    fate.held_due(consumer, now)
+            else:
+                if not consumer.unacked:
+                    consumer.busy_since = now  # nothing unacked -> something: the clock starts
+                consumer.unacked += 1
             if queue.suspects:
                 fate.suspect_delivered(queue, msg, consumer)
             if msg.stored and not msg.redelivered:
@@ -275,7 +285,9 @@ class Channel:
                 msg.exchange.encode(),
                 msg.routing_key.encode(),
                 msg.body_size,
-                msg.delivery_properties(),
+                msg.delivery_properties()
+                if not queue.ack_timeout_ms
+                else msg.delivery_properties_with(ACK_TIMEOUT_HEADER, queue.ack_timeout_ms),
                 msg.body,
             )
         )
@@ -292,7 +304,22 @@ class Channel:
                 message=msg,
                 redelivered=msg.redelivered,
                 no_ack=consumer.no_ack,
+                due=due_wall,
             )
+
+    def _due(self, msg: Message, names: tuple[str, ...]) -> tuple[float, float] | None:
+        """When ``msg`` is due by its ETA headers: (monotonic, wall clock), or None (no such
+        header, or one that cannot be read: the delivery then counts at once)."""
+        if msg._hoff < 0:
+            return None
+        try:
+            wall = fate.due_time(msg.headers, names)
+        except PropertiesError:
+            return None
+        if wall is None:
+            return None
+        clock = self.conn.clock
+        return clock.monotonic() + (wall - clock.time()), wall
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away (deleted): forget the consumer and tell the client if it can
@@ -378,6 +405,8 @@ class Channel:
         for msg, q, c in self.unacked.values():
             if c is not None:
                 c.unacked -= 1
+                if c.deferred:
+                    fate.unheld(c, msg.id)
                 if not c.unacked:
                     c.busy_since = None
             by_queue.setdefault(id(q), (q, []))[1].append((msg, c))
@@ -1463,6 +1492,7 @@ class Connection:
                 message=m,
                 redelivered=m.redelivered,
                 no_ack=no_ack,
+                due=None,
             )
 
     def _basic_ack(self, ch: Channel, m: BasicAck) -> None:
@@ -1586,6 +1616,9 @@ class Connection:
         if ex is vh.retry_exchange:
             self._reconsume(ch, ev, msg, seq)
             return
+        if ex is vh.touch_exchange:
+            self._touch(ch, ev, msg, seq)
+            return
         try:  # headers are decoded only here, when an exchange needs them
             delay = DelayedExchange.delay_of(msg) if ex.type == "x-delayed-message" else 0.0
             queues = vh.route(ex, msg) if delay <= 0 else []
@@ -1630,6 +1663,67 @@ class Connection:
                 self._confirm_when_durable(ch, seq)
             else:
                 self._confirm(ch, seq)
+
+    def _touch(self, ch: Channel, ev: Publish, request: Message, seq: int) -> None:
+        """A publish to ``amq.touch``: the consumer still works on the delivery of this
+        channel that header ``x-touch-tag`` names, and its ack clock restarts
+        (:func:`broker.domain.fate.touch`).
+
+        A tag that names no unacked delivery of a consumer on this channel (acked meanwhile,
+        taken back by isolation, a basic.get, another channel's) changes nothing and closes
+        nothing: the touch raced with the end of the task. In confirm mode it is nacked (and
+        returned with 404 when mandatory); a touched delivery is acked. A publish without an
+        integer ``x-touch-tag`` is a client bug: channel error 406, or a nack in confirm mode.
+        """
+        try:
+            h = request.headers if request._hoff >= 0 else {}
+        except PropertiesError as exc:
+            h = {}
+            bad = f"PRECONDITION_FAILED - touch refused: {exc}"
+        else:
+            bad = (
+                "PRECONDITION_FAILED - a publish to amq.touch names a delivery of its channel "
+                "with the integer header x-touch-tag"
+            )
+        tag = h.get(TOUCH_TAG_HEADER)
+        if not _is_int(tag):
+            if not seq:
+                raise ChannelError(PRECONDITION_FAILED, bad, BASIC_PUBLISH)
+            self._refuse_touch(ch, ev, seq, PRECONDITION_FAILED, bad)
+            return
+        entry = ch.unacked.get(tag)
+        consumer = entry[2] if entry is not None else None
+        if entry is None or consumer is None:
+            text = f"NOT_FOUND - no unacked delivery with tag {tag} from a consumer on channel {ch.id}"
+            log.debug("connection %s channel %d: touch ignored: %s", self.id, ch.id, text)
+            if seq:
+                self._refuse_touch(ch, ev, seq, NOT_FOUND, text)
+            return
+        msg, q, _ = entry
+        fate.touch(consumer, self.clock.monotonic())
+        ht = self.broker.hooks.delivery_touched
+        if ht is not None:
+            ht(
+                vhost=q.vhost.name,
+                queue=q.name,
+                consumer_tag=consumer.tag,
+                connection_id=self.id,
+                channel_id=ch.id,
+                delivery_tag=tag,
+                message=msg,
+            )
+        if seq:
+            self._confirm(ch, seq)
+
+    def _refuse_touch(self, ch: Channel, ev: Publish, seq: int, code: int, text: str) -> None:
+        if ev.mandatory:
+            self.out.append(
+                self.codec.encode_method(
+                    ch.id, "basic.return", code, text[:255], ev.exchange, ev.routing_key
+                )
+            )
+            self.out.append(self.codec.encode_content(ch.id, ev.body_size, ev.properties, ev.body))
+        self._confirm(ch, -seq)
 
     def _reconsume(self, ch: Channel, ev: Publish, request: Message, seq: int) -> None:
         """A publish to ``amq.retry``: retry the unacked delivery it names (headers

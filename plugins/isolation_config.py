@@ -18,7 +18,10 @@ from broker.config.context import local_name
 from broker.config.units import format_duration
 from broker.subscription import SHARED
 
-__all__ = ["SECTION", "IsolationConfig", "add_config_elements", "parse_isolation"]
+__all__ = ["DEFAULT_ETA_HEADERS", "SECTION", "IsolationConfig", "add_config_elements", "parse_isolation"]
+
+#: Celery's protocol-2 header for a task's ETA (countdown tasks have one too)
+DEFAULT_ETA_HEADERS: tuple[str, ...] = ("eta",)
 
 #: the element this plugin reads; its check finds it as ``QueueView.policy["isolation"]``
 SECTION = "isolation"
@@ -37,6 +40,10 @@ class IsolationConfig:
     #: distinct consumers that may hold a message without settling it before it is
     #: dead-lettered as poison (0: never)
     poison_deliveries: int = 3
+    #: message headers that say when a delivery is due (ISO 8601 text, an AMQP timestamp or a
+    #: number of seconds since the epoch); a delivery not due yet is off the ack clock until it
+    #: is (Celery's protocol-2 ``eta`` by default; empty: ETA awareness off)
+    eta_headers: tuple[str, ...] = DEFAULT_ETA_HEADERS
 
     def max_isolated(self, consumers: int) -> int:
         """``floor(maxIsolatedRatio x consumers)``, computed in decimal so 0.29 x 100 is 29."""
@@ -47,7 +54,8 @@ class IsolationConfig:
             f"ackTimeout {format_duration(self.ack_timeout)}, maxIsolatedRatio "
             f"{self.max_isolated_ratio:g}, checkPeriod {format_duration(self.check_period)}, "
             f"maxUnackedPerConsumer {self.max_unacked_per_consumer}, poisonDeliveries "
-            f"{self.poison_deliveries or 'off'}"
+            f"{self.poison_deliveries or 'off'}, etaHeaders "
+            f"{' '.join(self.eta_headers) or 'off'}"
         )
 
 
@@ -62,6 +70,7 @@ def parse_isolation(el: Any, ctx: ParseContext) -> IsolationConfig:
         check_period=ctx.duration(el, "checkPeriod", 30.0),
         max_unacked_per_consumer=ctx.integer(el, "maxUnackedPerConsumer", 50000, minimum=1),
         poison_deliveries=ctx.integer(el, "poisonDeliveries", 3, minimum=0),
+        eta_headers=_eta_headers(el, ctx),
     )
     if config.poison_deliveries == 1:
         where = next(c for c in ctx.children(el) if local_name(c) == "poisonDeliveries")
@@ -79,6 +88,19 @@ def parse_isolation(el: Any, ctx: ParseContext) -> IsolationConfig:
             f"subscription {subscription}",
         )
     return config
+
+
+def _eta_headers(el: Any, ctx: ParseContext) -> tuple[str, ...]:
+    """``<etaHeaders>``: header names separated by spaces (empty: off); ``eta`` if absent."""
+    text = ctx.text(el, "etaHeaders")
+    if text is None:
+        return DEFAULT_ETA_HEADERS
+    names = tuple(dict.fromkeys(text.split()))
+    for name in names:
+        if len(name.encode()) > 255:
+            where = next(c for c in ctx.children(el) if local_name(c) == "etaHeaders")
+            raise ctx.error(where, f"<etaHeaders>: header name {name[:40]!r}... is over 255 bytes")
+    return names
 
 
 def add_config_elements(registry: ConfigElementRegistry) -> None:

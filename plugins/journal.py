@@ -61,8 +61,10 @@ log = logging.getLogger("plugins.journal")
 #: Bumped whenever a column changes meaning or type, or events are added. Readers take every
 #: version from 1 up to theirs and refuse newer ones. Version 2 added ``enqueued`` and
 #: ``removed`` and the message count (``count``) of ``queue_deleted``; a version-1 journal just
-#: has none of them. Events and optional columns may be added in later versions; the meaning
-#: and type of an existing column never change within the pipeline's supported range.
+#: has none of them. Version 2 also added ``touched`` (a consumer's ``amq.touch``) and the
+#: optional ``due_us`` column (a delivery's due time); a file written without that column reads
+#: as null there. Events and optional columns may be added in later versions; the meaning and
+#: type of an existing column never change within the pipeline's supported range.
 SCHEMA_VERSION = 2
 #: Parquet key-value metadata key holding :data:`SCHEMA_VERSION`.
 METADATA_KEY = b"plugbroker.journal.schema_version"
@@ -103,6 +105,9 @@ FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("configured", pa.float64()),
     ("measured", pa.float64()),
     ("outcome", pa.string()),
+    # delivered: when the message said it was due (its ETA header), if later than the delivery;
+    # wall clock, microseconds since the epoch; null otherwise and in older journals
+    ("due_us", pa.int64()),
 )
 SCHEMA = pa.schema(
     [pa.field(n, t) for n, t in FIELDS], metadata={METADATA_KEY: str(SCHEMA_VERSION).encode()}
@@ -129,7 +134,8 @@ PUBLISHED, DELIVERED, ACKED, REJECTED, REDELIVERED, DEAD_LETTERED, EXPIRED, DROP
     JOURNAL_DROPPED,
     ENQUEUED,
     REMOVED,
-) = range(8, 24)
+    DELIVERY_TOUCHED,
+) = range(8, 25)
 
 LAYOUTS: dict[int, tuple[str, tuple[str, ...]]] = {
     PUBLISHED: (
@@ -150,6 +156,7 @@ LAYOUTS: dict[int, tuple[str, tuple[str, ...]]] = {
             "delivery_count",
             "redelivered",
             "no_ack",
+            "due_us",
         ),
     ),
     ACKED: (
@@ -267,6 +274,18 @@ LAYOUTS: dict[int, tuple[str, tuple[str, ...]]] = {
     JOURNAL_STARTED: ("journal_started", ("detail", "count")),
     JOURNAL_STOPPED: ("journal_stopped", ("count", "detail")),
     JOURNAL_DROPPED: ("journal_dropped", ("count",)),
+    DELIVERY_TOUCHED: (
+        "touched",
+        (
+            "vhost",
+            "queue",
+            "consumer_tag",
+            "connection_id",
+            "channel_id",
+            "delivery_tag",
+            "message_id",
+        ),
+    ),
 }
 #: every event name the journal writes
 EVENTS: tuple[str, ...] = tuple(name for name, _ in LAYOUTS.values())
@@ -668,6 +687,7 @@ class Recorder:
         message: Any,
         redelivered: bool,
         no_ack: bool,
+        due: float | None,
     ) -> None:
         buf = self._buf
         if len(buf) < self._max:
@@ -686,10 +706,36 @@ class Recorder:
                     message.delivery_count,
                     redelivered,
                     no_ack,
+                    None if due is None else round(due * 1e6),
                 )
             )
         else:
             self.journal.dropped += 1
+
+    @hookimpl(trylast=True)
+    def broker_delivery_touched(
+        self,
+        vhost: str,
+        queue: str,
+        consumer_tag: str,
+        connection_id: str,
+        channel_id: int,
+        delivery_tag: int,
+        message: Any,
+    ) -> None:
+        self._put(
+            (
+                DELIVERY_TOUCHED,
+                self._now(),
+                vhost,
+                queue,
+                consumer_tag,
+                connection_id,
+                channel_id,
+                delivery_tag,
+                message.id,
+            )
+        )
 
     @hookimpl(trylast=True)
     def broker_message_acked(

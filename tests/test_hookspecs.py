@@ -57,6 +57,16 @@ CONTRACT: dict[str, tuple[str, ...]] = {
         "message",
         "redelivered",
         "no_ack",
+        "due",
+    ),
+    "broker_delivery_touched": (
+        "vhost",
+        "queue",
+        "consumer_tag",
+        "connection_id",
+        "channel_id",
+        "delivery_tag",
+        "message",
     ),
     "broker_message_acked": (
         "vhost",

@@ -48,6 +48,7 @@ QUEUE_EVENTS = MESSAGE_EVENTS + (
     "queue_bound",
     "queue_unbound",
     "policy_action",
+    "touched",
 )
 #: processing-time histogram bucket bounds, seconds (a value v falls in the first bucket whose
 #: upper bound is greater than v)
@@ -125,7 +126,10 @@ def read_events(spark: Any, journal: str | Path) -> Any:
     df = spark.read.option("basePath", path).parquet(path)
     if "schema_version" not in df.columns or "ts_us" not in df.columns:
         raise JournalError(f"{path}: not a plugbroker journal (no schema_version/ts_us columns)")
-    return df.withColumn("ts", F.col("ts_us") / F.lit(1e6))
+    df = df.withColumn("ts", F.col("ts_us") / F.lit(1e6))
+    # ``due_us`` (a delivery's ETA) came later than schema version 1's first files: optional
+    due = F.col("due_us") / F.lit(1e6) if "due_us" in df.columns else F.lit(None)
+    return df.withColumn("due", due.cast("double"))
 
 
 def runs(events: Any) -> Any:

@@ -89,6 +89,7 @@ COLUMNS = (
     "count",
     "reason",
     "detail",
+    "due",
 )
 (
     RUN,
@@ -113,6 +114,7 @@ COLUMNS = (
     COUNT,
     REASON,
     DETAIL,
+    DUE,
 ) = range(len(COLUMNS))
 
 READY, UNACKED, PENDING = 0, 1, 2
@@ -129,6 +131,7 @@ class ConsumerState:
         "busy_since",
         "channel",
         "conn",
+        "deferred",
         "first_delivery",
         "isolated",
         "last_ack",
@@ -150,6 +153,8 @@ class ConsumerState:
         #: the ack clock, rebuilt as the core keeps it (SPEC 6): set when unacked goes 0 -> 1,
         #: restarted at each ack, nack or reject, ``None`` while nothing is unacked
         self.busy_since: float | None = None
+        #: deliveries it holds that were not due when delivered (ETA): message id -> due
+        self.deferred: dict[int, float] = {}
         self.isolated = False  # simulated: isolated by the candidate's policy
         self.prefetch = prefetch
         self.no_ack = no_ack
@@ -642,8 +647,30 @@ def _settled_by(r: Replayer, q: QueueState, ev: Sequence[Any], now: float) -> No
     c = _consumer(q, ev)
     if c is not None:
         c.last_ack = now
-        c.busy_since = now if c.unacked > 0 else None
+        _restart_clock(c, now)
         c.isolated = False
+
+
+def _restart_clock(c: ConsumerState, now: float) -> None:
+    """An ack, nack, reject or touch restarts the clock as the core does
+    (:func:`broker.domain.fate.restart_clock`): from now, or from the earliest due time when
+    all it holds are deliveries not due yet."""
+    if c.unacked <= 0:
+        c.busy_since = None
+    elif c.deferred and c.unacked <= len(c.deferred):
+        due = min(c.deferred.values())
+        c.busy_since = due if due > now else now
+    else:
+        c.busy_since = now
+
+
+def _unhold(q: QueueState, holder: Any, mid: int) -> None:
+    """The consumer keyed ``holder`` no longer holds message ``mid``."""
+    c = q.consumers.get(holder) if holder is not None else None
+    if c is not None:
+        c.unacked -= 1
+        if c.deferred:
+            c.deferred.pop(mid, None)
 
 
 def _take(q: QueueState, mid: int) -> list[Any] | None:
@@ -657,9 +684,7 @@ def _take(q: QueueState, mid: int) -> list[Any] | None:
     if m[2] == READY:
         q.ready -= 1
     elif m[2] == UNACKED:
-        holder = q.consumers.get(m[3]) if m[3] is not None else None
-        if holder is not None:
-            holder.unacked -= 1
+        _unhold(q, m[3], mid)
     elif m[2] == PENDING:
         q.pending -= 1
     return m
@@ -691,8 +716,8 @@ def _on_delivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
         q.ready -= 1
     elif m[2] == PENDING:
         q.pending -= 1
-    elif m[2] == UNACKED and m[3] is not None and m[3] in q.consumers:
-        q.consumers[m[3]].unacked -= 1
+    elif m[2] == UNACKED:
+        _unhold(q, m[3], mid)
     c = _consumer(q, ev)
     if c is None:
         q.getters[(ev[CONN], ev[CHANNEL] or 0)] = None
@@ -706,9 +731,16 @@ def _on_delivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
     m[2] = UNACKED
     m[3] = (c.conn, c.tag) if c is not None else None
     if c is not None:
-        if c.unacked <= 0:
-            c.busy_since = now  # nothing unacked -> something: the clock starts
+        since = c.busy_since if c.unacked > 0 else None
         c.unacked += 1
+        due = ev[DUE] if len(ev) > DUE else None
+        if due is not None and due > now:  # not due yet (its ETA): off the clock until then
+            c.deferred[mid] = due
+            start = due
+        else:
+            start = now  # the clock starts (at the latest now)
+        if since is None or since > start:
+            c.busy_since = start
 
 
 def _on_acked(r: Replayer, ev: Sequence[Any], now: float) -> None:
@@ -725,9 +757,7 @@ def _on_rejected(r: Replayer, ev: Sequence[Any], now: float) -> None:
         if q.suspects:
             q.suspects.pop(ev[MID], None)  # a consumer settled it: not poison
         if m[2] == UNACKED:
-            holder = q.consumers.get(m[3]) if m[3] is not None else None
-            if holder is not None:
-                holder.unacked -= 1
+            _unhold(q, m[3], ev[MID])
         elif m[2] == READY:
             q.ready -= 1
         if m[2] != PENDING:
@@ -755,9 +785,7 @@ def _on_redelivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
     if m[2] == UNACKED:
         if m[3] is not None and ev[REASON] in _UNSETTLED:
             q.suspects.setdefault(ev[MID], set()).add(m[3])
-        holder = q.consumers.get(m[3]) if m[3] is not None else None
-        if holder is not None:
-            holder.unacked -= 1
+        _unhold(q, m[3], ev[MID])
     else:
         q.pending -= 1
     m[2] = READY
@@ -784,6 +812,14 @@ def _on_removed(r: Replayer, ev: Sequence[Any], now: float) -> None:
     m = _take(q, ev[MID])
     if m is not None and (m[2] == PENDING or ev[REASON] in ("retry", "redrive")):
         q.acks_total += 1
+
+
+def _on_touched(r: Replayer, ev: Sequence[Any], now: float) -> None:
+    """A consumer said it still works on a delivery (``amq.touch``): its clock restarts."""
+    q = r.queues.get((ev[VHOST], ev[QUEUE]))
+    c = _consumer(q, ev) if q is not None else None
+    if c is not None:
+        _restart_clock(c, now)
 
 
 def _on_consumer_added(r: Replayer, ev: Sequence[Any], now: float) -> None:
@@ -846,6 +882,7 @@ _HANDLERS: dict[str, Callable[[Replayer, Sequence[Any], float], None]] = {
     "removed": _on_removed,
     "dropped": _on_gone,
     "expired": _on_gone,
+    "touched": _on_touched,
     "consumer_added": _on_consumer_added,
     "consumer_removed": _on_consumer_removed,
     "queue_declared": _on_queue_declared,

@@ -276,6 +276,28 @@ class RetryExchange(Exchange):
         return ()
 
 
+#: the reserved exchange through which a consumer says it still works on one of its deliveries
+#: (``broker.contrib.touch.touch``); every virtual host has it
+TOUCH_EXCHANGE = "amq.touch"
+TOUCH_TYPE = "x-touch"
+#: the header of a publish to ``amq.touch`` naming the delivery tag (on the same channel)
+TOUCH_TAG_HEADER = "x-touch-tag"
+#: the header on every delivery from a queue under isolation: its ``ackTimeout`` in ms
+ACK_TIMEOUT_HEADER = "x-ack-timeout"
+
+
+class TouchExchange(Exchange):
+    """``amq.touch``: routes nothing. A publish to it names an unacked delivery of the same
+    channel (header ``x-touch-tag``); the session restarts that consumer's ack clock
+    (:func:`broker.domain.fate.touch`)."""
+
+    type = TOUCH_TYPE
+    __slots__ = ()
+
+    def route(self, msg: Message) -> Iterable[Destination]:
+        return ()
+
+
 class DelayedExchange(Exchange):
     """``x-delayed-message``: holds a message for its ``x-delay`` header (ms), then routes it
     like its ``x-delayed-type``. The holding is done by the virtual host's timer heap."""

@@ -27,6 +27,8 @@ or taken back from an isolated consumer is one function of this module:
                             isolation): the poison record, then :func:`requeue`
 :func:`poison`              an overdue consumer holds a message others held without settling:
                             dead-letter it (reason ``poison``) instead of isolating the consumer
+:func:`hold_deferred`       a delivery that is not due yet (its ETA header): off the ack clock
+:func:`touch`               a consumer says it still works on a delivery: its ack clock restarts
 ==========================  ======================================================================
 
 The session (the basic.* methods, channel close, basic.recover), the core API (isolation,
@@ -42,6 +44,7 @@ primitives (take from the ready list, put back, forget).
 from __future__ import annotations
 
 import datetime as _dt
+import heapq
 import logging
 import uuid
 from dataclasses import dataclass
@@ -87,7 +90,7 @@ def ack_all(
     for msg, q, consumer in entries:
         q.settle(msg)
         q.acked_total += 1
-        tag = _settled_by(consumer, now, "acked")
+        tag = _settled_by(consumer, now, "acked", msg.id)
         if h is not None:
             h(
                 vhost=q.vhost.name,
@@ -101,7 +104,7 @@ def ack_all(
             q.vhost.mark_dirty(q)
 
 
-def _settled_by(consumer: Consumer | None, now: float, how: str) -> str | None:
+def _settled_by(consumer: Consumer | None, now: float, how: str, msg_id: int) -> str | None:
     """``consumer`` settled one of its deliveries (None: a basic.get): one fewer unacked, its
     ack clock restarts, and it leaves the blocklist. Returns its tag for the hooks."""
     if consumer is None:
@@ -109,7 +112,11 @@ def _settled_by(consumer: Consumer | None, now: float, how: str) -> str | None:
     n = consumer.unacked - 1
     consumer.unacked = n
     consumer.last_ack = now
-    consumer.busy_since = now if n > 0 else None
+    if consumer.deferred:
+        unheld(consumer, msg_id)
+        restart_clock(consumer, now)
+    else:
+        consumer.busy_since = now if n > 0 else None
     if consumer.isolated:
         release(consumer, how)
     return consumer.tag
@@ -134,7 +141,7 @@ def reject(
     one, ``requeue`` puts the message back (after ``broker_redelivery_delay``, if a plugin gives
     one), within the queue's delivery limit; ``requeue=false`` dead-letters or drops it.
     """
-    tag = _settled_by(consumer, now, "rejected")
+    tag = _settled_by(consumer, now, "rejected", msg.id)
     if q.suspects:
         forget_suspect(q, msg.id)  # a consumer settled it: not poison
     vh = q.vhost
@@ -271,7 +278,7 @@ def late_settle(
     nothing more: the message was requeued already.
     """
     consumer.last_ack = now
-    consumer.busy_since = now if consumer.unacked > 0 else None
+    restart_clock(consumer, now)
     if consumer.isolated:
         release(consumer, "acked" if ack_ else "rejected")
     if not ack_ or q.deleted or msg.id not in q.moved_waiting or msg.id not in q.held:
@@ -291,6 +298,114 @@ def late_settle(
             channel_id=channel.id,
             message=msg,
         )
+
+
+# --------------------------------------------------------------------------- the ack clock
+#
+# SPEC 6's ack clock is per consumer (``busy_since``). ETA awareness: a delivery whose message
+# says it is not due yet (``<isolation><etaHeaders>``, Celery's ``eta`` by default) is parsed
+# once, when it is delivered; it is kept in the consumer's ``deferred`` (message id -> due) and
+# ``due_heap``, and the clock of a consumer that holds only such deliveries starts at the
+# earliest due time, not at the delivery. ``busy_since`` may so lie in the future: the
+# isolation check (``now - busy_since > ackTimeout``) and every reader of the clock need no
+# change, and a check stays O(queues + consumers).
+
+
+def due_time(headers: dict[str, Any], names: Sequence[str]) -> float | None:
+    """When a message is due, in seconds since the epoch, from the first of the ``names``
+    headers it has: ISO 8601 text (with or without a timezone; without one it is UTC, as
+    Celery sends it), an AMQP timestamp, or a number of seconds since the epoch. ``None``
+    when it has none of them, or the value cannot be read (the delivery is then due at once:
+    a bad header never holds a consumer's clock back)."""
+    for name in names:
+        value = headers.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if isinstance(value, str):
+            try:
+                value = _dt.datetime.fromisoformat(value.strip())
+            except ValueError:
+                return None
+        if isinstance(value, _dt.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=_dt.timezone.utc)
+            try:
+                return value.timestamp()
+            except (OverflowError, OSError, ValueError):
+                return None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            f = float(value)
+            return f if f == f and abs(f) < 1e12 else None  # NaN and absurd values: none
+        return None
+    return None
+
+
+def hold_deferred(consumer: Consumer, msg_id: int, due: float) -> None:
+    """``consumer`` was just handed a delivery that is not due before ``due`` (monotonic): it
+    does not count on its ack clock until then. Call after the delivery was counted in
+    ``consumer.unacked``. O(log n) in the deferred deliveries it holds."""
+    consumer.deferred[msg_id] = due
+    heapq.heappush(consumer.due_heap, (due, msg_id))
+    if consumer.unacked <= len(consumer.deferred):
+        # it held nothing that was due: its clock starts at the earliest due time
+        since = consumer.busy_since
+        if since is None or since > due:
+            consumer.busy_since = due
+
+
+def held_due(consumer: Consumer, now: float) -> None:
+    """``consumer`` was just handed a delivery that is due (the usual case, for a queue with
+    ETA awareness): if it held only deliveries not due yet, its clock starts now."""
+    since = consumer.busy_since
+    if since is None or since > now:
+        consumer.busy_since = now
+
+
+def earliest_due(consumer: Consumer) -> float | None:
+    """The earliest due time of the deferred deliveries ``consumer`` holds (None: none)."""
+    d = consumer.deferred
+    h = consumer.due_heap
+    while h and d.get(h[0][1]) != h[0][0]:
+        heapq.heappop(h)
+    return h[0][0] if h else None
+
+
+def unheld(consumer: Consumer, msg_id: int) -> None:
+    """``consumer`` no longer holds the delivery of ``msg_id`` (settled, taken back)."""
+    d = consumer.deferred
+    if d.pop(msg_id, None) is None:
+        return
+    h = consumer.due_heap
+    if not d:
+        h.clear()
+    elif len(h) > 2 * len(d) + 32:  # keep the heap O(held): drop the stale entries
+        h[:] = [(due, mid) for due, mid in h if d.get(mid) == due]
+        heapq.heapify(h)
+
+
+def restart_clock(consumer: Consumer, now: float) -> None:
+    """Restart ``consumer``'s ack clock (an ack, nack, reject or touch): it runs from now if it
+    holds a delivery that is due, from the earliest due time if it holds only deliveries not
+    due yet, and not at all if it holds nothing."""
+    n = consumer.unacked
+    if n <= 0:
+        consumer.busy_since = None
+        return
+    d = consumer.deferred
+    if d and n <= len(d):
+        due = earliest_due(consumer)
+        consumer.busy_since = due if due is not None and due > now else now
+    else:
+        consumer.busy_since = now
+
+
+def touch(consumer: Consumer, now: float) -> None:
+    """``consumer`` says it still works on one of its deliveries (a publish to ``amq.touch``):
+    its ack clock restarts as on an ack, nothing is settled, and an isolated consumer stays
+    isolated (it holds nothing: what it held was moved, and only an ack says it is back)."""
+    restart_clock(consumer, now)
 
 
 # --------------------------------------------------------------------------- removal
@@ -939,6 +1054,8 @@ def isolate(consumer: Consumer, now: float) -> int:
     moved = consumer.channel.take_unacked(consumer)
     consumer.unacked = 0
     consumer.busy_since = None
+    consumer.deferred.clear()
+    consumer.due_heap.clear()
     if moved:
         back = requeue_unsettled(q, [(m, consumer) for m in moved], "consumer-isolated")
         q.moved_waiting.update(m.id for m in back)
@@ -1145,9 +1262,11 @@ def poison(consumer: Consumer, now: float) -> int:
     taken = consumer.channel.take_unacked(consumer, ids)
     if not taken:
         return 0
-    n = max(consumer.unacked - len(taken), 0)
-    consumer.unacked = n
-    consumer.busy_since = now if n > 0 else None
+    consumer.unacked = max(consumer.unacked - len(taken), 0)
+    if consumer.deferred:
+        for m in taken:
+            unheld(consumer, m.id)
+    restart_clock(consumer, now)
     dead = 0
     back: list[Message] = []
     for m in taken:

@@ -172,6 +172,17 @@ class Message:
             )
             return self.properties
 
+    def delivery_properties_with(self, name: str, value: Any) -> bytes:
+        """:meth:`delivery_properties` with one more header set by the broker (re-encoded:
+        only for queues that ask for it, e.g. ``x-ack-timeout`` under isolation)."""
+        props = self.decoded
+        headers = dict(props.get("application_headers") or {})
+        if self.delivery_count:
+            headers["x-delivery-count"] = self.delivery_count
+        headers[name] = value
+        props["application_headers"] = headers
+        return props_codec.encode(props)
+
     def copy(self) -> Message:
         m = Message.__new__(Message)
         for name in Message.__slots__:

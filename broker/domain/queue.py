@@ -63,7 +63,9 @@ class Consumer:
         "busy_since",
         "capped",
         "channel",
+        "deferred",
         "delivered_total",
+        "due_heap",
         "exclusive",
         "first_delivery",
         "isolated",
@@ -111,6 +113,11 @@ class Consumer:
         #: unacked, restarted at each ack, nack or reject; ``None`` while it holds nothing
         self.busy_since: float | None = None
         self.isolated = False
+        #: unacked deliveries it holds that were not due when delivered (ETA awareness):
+        #: message id -> monotonic due time; ``due_heap`` gives the earliest (stale entries are
+        #: dropped lazily). Empty for a queue without ETA awareness.
+        self.deferred: dict[int, float] = {}
+        self.due_heap: list[tuple[float, int]] = []
         self.arguments = arguments
         self.order = order
         #: the unacked cap was hit; dispatch resumes at half of it
@@ -241,6 +248,12 @@ class Queue:
         #: poison records by message id, only for messages that came back from a consumer that
         #: held them without settling (see :mod:`broker.domain.fate`)
         self.suspects: dict[int, fate.Suspect] = {}
+        #: ETA awareness (``<isolation><etaHeaders>`` of a shared queue with isolation): the
+        #: headers that say when a delivery is due; empty: every delivery is due at once
+        self.eta_headers: tuple[str, ...] = ()
+        #: ``<isolation><ackTimeout>`` in whole milliseconds, sent to its consumers as the
+        #: header ``x-ack-timeout`` on every delivery (0: no isolation, no header)
+        self.ack_timeout_ms = 0
 
     # ----------------------------------------------------------------- figures
 

@@ -20,11 +20,13 @@ from broker.domain.exchange import (
     DELAYED_TYPE,
     EXCHANGE_TYPES,
     RETRY_EXCHANGE,
+    TOUCH_EXCHANGE,
     Binding,
     DelayedExchange,
     DirectExchange,
     Exchange,
     RetryExchange,
+    TouchExchange,
 )
 from broker.domain.message import Message, MessageIds
 from broker.domain.queue import (
@@ -222,6 +224,10 @@ class VirtualHost:
         #: :func:`broker.domain.fate.reconsume`); the session recognises it by identity
         self.retry_exchange = RetryExchange(RETRY_EXCHANGE, durable=True)
         self.exchanges[RETRY_EXCHANGE] = self.retry_exchange
+        #: ``amq.touch``: a consumer says it still works on a delivery (see
+        #: :func:`broker.domain.fate.touch`); the session recognises it by identity
+        self.touch_exchange = TouchExchange(TOUCH_EXCHANGE, durable=True)
+        self.exchanges[TOUCH_EXCHANGE] = self.touch_exchange
         self.delayed_pending = 0
         #: queues that received dead letters: name -> {reason: count} (for the admin API)
         self.dead_letter_queues: dict[str, dict[str, int]] = {}

@@ -62,7 +62,10 @@ def test_events_come_out_in_order_with_every_field(tmp_path):
     t = clock.time()
     j.append((J.PUBLISHED, t, "/", "ex", "rk", 7, 100, ("a", "b"), None))
     j.append((J.PUBLISHED, t, "/", "ex", "nowhere", 8, 5, (), None))
-    j.append((J.DELIVERED, t + 0.5, "/", "a", "ctag", "conn#1", 2, 1, 7, 100, 0, False, False))
+    j.append((J.DELIVERED, t + 0.5, "/", "a", "ctag", "conn#1", 2, 1, 7, 100, 0, False, False, None))
+    due_us = round((t + 30) * 1e6)
+    j.append((J.DELIVERED, t + 0.5, "/", "a", "ctag", "conn#1", 2, 2, 9, 10, 0, False, False, due_us))
+    j.append((J.DELIVERY_TOUCHED, t + 0.6, "/", "a", "ctag", "conn#1", 2, 2, 9))
     j.append((J.ACKED, t + 0.75, "/", "a", "ctag", "conn#1", 2, 7, 100, 0))
     j.append(
         J.action_event(
@@ -107,6 +110,8 @@ def test_events_come_out_in_order_with_every_field(tmp_path):
         "published",
         "published",
         "delivered",
+        "delivered",
+        "touched",
         "acked",
         "policy_action",
         "policy_action",
@@ -124,9 +129,17 @@ def test_events_come_out_in_order_with_every_field(tmp_path):
         d["redelivered"],
         d["no_ack"],
     ) == ("ctag", "conn#1", 2, 1, 100, False, False)
+    assert d["due_us"] is None
     assert d["ts_us"] == round((t + 0.5) * 1e6)
-    assert rows[4]["ts_us"] - d["ts_us"] == 250_000
-    close = rows[5]
+    # a delivery not due yet carries its due time; a touch names the delivery
+    assert (rows[4]["message_id"], rows[4]["due_us"]) == (9, due_us)
+    assert (rows[5]["delivery_tag"], rows[5]["message_id"], rows[5]["consumer_tag"]) == (
+        2,
+        9,
+        "ctag",
+    )
+    assert rows[6]["ts_us"] - d["ts_us"] == 250_000
+    close = rows[7]
     assert (
         close["policy"],
         close["action"],
@@ -136,7 +149,7 @@ def test_events_come_out_in_order_with_every_field(tmp_path):
         close["outcome"],
         close["code"],
     ) == ("Delete", "CloseConsumerChannels", "messageCount", 5.0, 9.0, "applied", 506)
-    iso = rows[6]
+    iso = rows[8]
     assert (iso["action"], iso["consumer_tag"], iso["connection_id"], iso["measured"]) == (
         "IsolateConsumer",
         "ctag",
@@ -289,6 +302,7 @@ def test_each_kind_converts(tmp_path, kind):
         "configured": 1.0,
         "measured": 2.0,
         "outcome": "o",
+        "due_us": 1_767_225_630_000_000,
     }
     values = tuple(sample[c] for c in layout)
     if kind == J.PUBLISHED:
