@@ -112,10 +112,12 @@ def touch(message: Any) -> bool:
     connection = getattr(channel, "connection", None)
     if connection is not None:
         serialise_writes(connection)
-    channel.basic_publish(
-        amqp.Message(b"", application_headers={TOUCH_TAG_HEADER: tag}),
-        exchange=TOUCH_EXCHANGE,
-        routing_key="",
+    body = amqp.Message(b"", application_headers={TOUCH_TAG_HEADER: tag})
+    # the frames of basic.publish, written directly: py-amqp's basic_publish first reads any
+    # pending frames (to see a connection.blocked), which from another thread would steal the
+    # consuming thread's deliveries
+    channel.send_method(
+        amqp.spec.Basic.Publish, "Bssbb", (0, TOUCH_EXCHANGE, "", False, False), body
     )
     return True
 
