@@ -416,7 +416,7 @@ class Broker:
                 fate.forget_suspect(q, mid)
         shared_iso = iso is not None and q.subscription_type == SHARED
         timeout = getattr(iso, "ack_timeout", None) if shared_iso else None
-        q.ack_timeout_ms = max(int(round(timeout * 1000)), 1) if timeout else 0
+        q.ack_timeout_ms = max(round(timeout * 1000), 1) if timeout else 0
         eta = getattr(iso, "eta_headers", ()) if shared_iso else ()
         q.eta_headers = tuple(eta) if eta else ()
         cap = getattr(iso, "max_unacked_per_consumer", None)

@@ -1694,7 +1694,9 @@ class Connection:
         entry = ch.unacked.get(tag)
         consumer = entry[2] if entry is not None else None
         if entry is None or consumer is None:
-            text = f"NOT_FOUND - no unacked delivery with tag {tag} from a consumer on channel {ch.id}"
+            text = (
+                f"NOT_FOUND - no unacked delivery with tag {tag} from a consumer on channel {ch.id}"
+            )
             log.debug("connection %s channel %d: touch ignored: %s", self.id, ch.id, text)
             if seq:
                 self._refuse_touch(ch, ev, seq, NOT_FOUND, text)

@@ -18,7 +18,13 @@ from broker.config.context import local_name
 from broker.config.units import format_duration
 from broker.subscription import SHARED
 
-__all__ = ["DEFAULT_ETA_HEADERS", "SECTION", "IsolationConfig", "add_config_elements", "parse_isolation"]
+__all__ = [
+    "DEFAULT_ETA_HEADERS",
+    "SECTION",
+    "IsolationConfig",
+    "add_config_elements",
+    "parse_isolation",
+]
 
 #: Celery's protocol-2 header for a task's ETA (countdown tasks have one too)
 DEFAULT_ETA_HEADERS: tuple[str, ...] = ("eta",)

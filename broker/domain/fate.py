@@ -330,7 +330,7 @@ def due_time(headers: dict[str, Any], names: Sequence[str]) -> float | None:
                 return None
         if isinstance(value, _dt.datetime):
             if value.tzinfo is None:
-                value = value.replace(tzinfo=_dt.timezone.utc)
+                value = value.replace(tzinfo=_dt.UTC)
             try:
                 return value.timestamp()
             except (OverflowError, OSError, ValueError):

@@ -95,9 +95,11 @@ class Celery:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = self.b.call(
-                lambda: len(q.consumers)
-                if (q := self.b.broker.vhosts["/"].queues.get("celery")) is not None
-                else 0
+                lambda: (
+                    len(q.consumers)
+                    if (q := self.b.broker.vhosts["/"].queues.get("celery")) is not None
+                    else 0
+                )
             )
             if got >= n:
                 return

@@ -65,7 +65,9 @@ def publish(port: int, bodies: list[bytes], headers: dict | None = None) -> None
 
 
 def isolated(b) -> list[str]:
-    return b.call(lambda: [c.tag for c in b.broker.vhosts["/"].queues["work"].consumers if c.isolated])
+    return b.call(
+        lambda: [c.tag for c in b.broker.vhosts["/"].queues["work"].consumers if c.isolated]
+    )
 
 
 def run(clients: list[Client], seconds: float, each: Callable[[], None] | None = None) -> None:
@@ -114,7 +116,7 @@ def test_a_delivery_not_due_yet_is_off_the_ack_clock_until_it_is(broker_factory,
     holder, other = Client(b.port), Client(b.port)
     clients += [holder, other]
     other.ch.basic_cancel(other.tag)  # deliveries go to `holder` first
-    eta = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.2)).isoformat()
+    eta = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1.2)).isoformat()
     publish(b.port, [b"later"], {"eta": eta})
     run([holder], 0.2)
     assert [m.body for m in holder.got] == [b"later"]
@@ -134,7 +136,7 @@ def test_an_eta_without_timezone_is_utc_and_a_bad_one_counts_at_once(broker_fact
     holder, other = Client(b.port), Client(b.port)
     clients += [holder, other]
     other.ch.basic_cancel(other.tag)
-    naive = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.0)).replace(tzinfo=None)
+    naive = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1.0)).replace(tzinfo=None)
     publish(b.port, [b"naive"], {"x-not-before": naive.isoformat()})
     run([holder], 0.6)
     assert isolated(b) == []  # not due before 1 s
@@ -218,7 +220,7 @@ def test_stale_or_malformed_touches_are_harmless_or_clear_and_a_bystander_is_una
             worker.ch.basic_qos(0, 1, False)  # a synchronous call surfaces the close
         # amq.touch exists in every vhost and cannot be redeclared as something else
         other = bystander.channel()
-        with pytest.raises(amqp.exceptions.PreconditionFailed, match="amq.touch"):
+        with pytest.raises(amqp.exceptions.PreconditionFailed, match=r"amq\.touch"):
             other.exchange_declare("amq.touch", "direct")
         bch.basic_publish(amqp.Message(b"b2"), exchange="", routing_key="side")
         assert bch.queue_declare("side", passive=True).message_count == 2

@@ -62,9 +62,13 @@ def test_events_come_out_in_order_with_every_field(tmp_path):
     t = clock.time()
     j.append((J.PUBLISHED, t, "/", "ex", "rk", 7, 100, ("a", "b"), None))
     j.append((J.PUBLISHED, t, "/", "ex", "nowhere", 8, 5, (), None))
-    j.append((J.DELIVERED, t + 0.5, "/", "a", "ctag", "conn#1", 2, 1, 7, 100, 0, False, False, None))
+    j.append(
+        (J.DELIVERED, t + 0.5, "/", "a", "ctag", "conn#1", 2, 1, 7, 100, 0, False, False, None)
+    )
     due_us = round((t + 30) * 1e6)
-    j.append((J.DELIVERED, t + 0.5, "/", "a", "ctag", "conn#1", 2, 2, 9, 10, 0, False, False, due_us))
+    j.append(
+        (J.DELIVERED, t + 0.5, "/", "a", "ctag", "conn#1", 2, 2, 9, 10, 0, False, False, due_us)
+    )
     j.append((J.DELIVERY_TOUCHED, t + 0.6, "/", "a", "ctag", "conn#1", 2, 2, 9))
     j.append((J.ACKED, t + 0.75, "/", "a", "ctag", "conn#1", 2, 7, 100, 0))
     j.append(
