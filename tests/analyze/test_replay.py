@@ -542,3 +542,35 @@ def test_a_settled_message_leaves_no_poison_record_in_the_replay():
     actions = r.finish(T0 + 10)
     # b rejected it once (a consumer got through it): b, stuck afterwards, is isolated
     assert [(a["action"], a["consumer_tag"]) for a in actions] == [("IsolateConsumer", "b")]
+
+
+def _eta_replay(touch_every: float | None, due: float | None) -> list[dict[str, Any]]:
+    """Two consumers of a shared queue under isolation (ackTimeout 5 s); ``slow`` holds one
+    message from t=1 to t=20, due at ``due``, touched every ``touch_every`` seconds."""
+    r = replayer(
+        '<queue name="work"><isolation><ackTimeout>5s</ackTimeout></isolation></queue>', every=1.0
+    )
+    r.feed(ev("queue_declared", 0, "work", detail="shared"))
+    who = {"consumer_tag": "slow", "connection_id": "slow#1", "channel_id": 1}
+    for tag in ("slow", "idle"):
+        r.feed(ev("consumer_added", 0, "work", consumer_tag=tag, connection_id=f"{tag}#1", count=4))
+    r.feed(publish(1, 1, "work"))
+    r.feed(ev("delivered", 1.0, "work", message_id=1, due=None if due is None else T0 + due, **who))
+    t = 1.0
+    while touch_every is not None and t + touch_every < 20:
+        t += touch_every
+        r.feed(ev("touched", t, "work", message_id=1, delivery_tag=1, **who))
+    r.feed(ev("acked", 20.0, "work", message_id=1, **who))
+    return [a for a in r.finish(T0 + 21) if a["action"] == "IsolateConsumer"]
+
+
+def test_the_replay_honours_a_delivery_due_later_and_touches():
+    # not due before t=12: its clock starts then, so it is isolated at the first check past 17
+    [iso] = _eta_replay(None, due=12.0)
+    assert iso["at"] == T0 + 18 and iso["measured"] == pytest.approx(6.0, abs=0.01)
+    # due at t=12, touched every 2 s from t=3: never 5 s without a sign of life
+    assert _eta_replay(2.0, due=12.0) == []
+    assert _eta_replay(2.0, due=None) == []
+    # neither: isolated 5 s after the delivery, at the first check past t=6
+    [iso] = _eta_replay(None, due=None)
+    assert iso["at"] == T0 + 7

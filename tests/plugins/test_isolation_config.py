@@ -133,3 +133,30 @@ def test_poison_deliveries(value: str, expected: int) -> None:
     iso = vh.queues["q"].sections["isolation"]
     assert iso.poison_deliveries == expected
     assert ("poisonDeliveries " + (value if expected else "off")) in iso.describe()
+
+
+@pytest.mark.parametrize(
+    ("element", "expected"),
+    [
+        ("", ("eta",)),  # Celery's protocol-2 header by default
+        ("<etaHeaders>x-not-before  eta x-not-before</etaHeaders>", ("x-not-before", "eta")),
+        ("<etaHeaders/>", ()),  # off
+    ],
+)
+def test_eta_headers(element: str, expected: tuple[str, ...]) -> None:
+    vh = parse_config(
+        wrap(f'<queue name="q"><isolation><ackTimeout>5m</ackTimeout>{element}</isolation></queue>')
+    ).vhosts["/"]
+    iso = vh.queues["q"].sections["isolation"]
+    assert iso.eta_headers == expected
+    assert ("etaHeaders " + (" ".join(expected) or "off")) in iso.describe()
+
+
+def test_an_eta_header_name_over_255_bytes_is_refused_with_its_line() -> None:
+    err = fails(
+        wrap(
+            '<queue name="q"><isolation><ackTimeout>5m</ackTimeout>\n\n'
+            f"<etaHeaders>{'h' * 300}</etaHeaders></isolation></queue>"
+        )
+    )
+    assert_located(err, 5, "etaHeaders", "over 255 bytes")
