@@ -540,7 +540,9 @@ class Broker:
                 q.bytes,
                 n_ready,
                 n - n_ready - q.delayed,
-                held[next(iter(held))].arrival if n else None,
+                (held[next(iter(held))].arrival if not q.not_due else q.oldest_counting())
+                if n
+                else None,
                 q.acks_total,
                 consumers,
             )

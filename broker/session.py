@@ -264,6 +264,7 @@ class Channel:
                 due = self._due(msg, queue.eta_headers)
                 if due is not None and due[0] > now:
                     fate.hold_deferred(consumer, msg.id, due[0])
+                    queue.not_due[msg.id] = due[0]  # the message age counts from then too
                     due_wall = due[1]
                 else:
                     fate.held_due(consumer, now)

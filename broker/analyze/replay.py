@@ -189,6 +189,7 @@ class QueueState:
         "getters",
         "held",
         "name",
+        "not_due",
         "pending",
         "policy",
         "ready",
@@ -215,6 +216,8 @@ class QueueState:
         self.subscription_type = subscription_type or "shared"
         #: message id -> [arrival, size, state, holder key]; insertion order is arrival order
         self.held: dict[int, list[Any]] = {}
+        #: held messages delivered before they were due: id -> due (the age counts from then)
+        self.not_due: dict[int, float] = {}
         self.bytes = 0
         self.ready = 0
         self.pending = 0
@@ -250,10 +253,25 @@ class QueueState:
                 out[m[3]] = out.get(m[3], 0) + 1
         return out
 
+    def _oldest_counting(self) -> float | None:
+        """As the core's ``Queue.oldest_counting``: a message not due yet counts from its due
+        time, at most 64 such messages skipped at the head."""
+        best: float | None = None
+        for i, (mid, m) in enumerate(self.held.items()):
+            due = self.not_due.get(mid)
+            a = m[0] if due is None or due < m[0] else due
+            if best is None or a < best:
+                best = a
+            if due is None or i >= 64:
+                break
+        return best
+
     def view(self, now: float, policy: Any) -> QueueView:
         held = self.held
         n = len(held)
         oldest = next(iter(held.values()))[0] if n else None
+        if oldest is not None and self.not_due:
+            oldest = self._oldest_counting()
         sub = getattr(policy, "subscription", None) or self.subscription_type
         poison = self.poison_suspects(policy) if sub == SHARED else {}
         return QueueView(
@@ -678,6 +696,8 @@ def _take(q: QueueState, mid: int) -> list[Any] | None:
     m = q.held.pop(mid, None)
     if m is None:
         return None
+    if q.not_due:
+        q.not_due.pop(mid, None)
     if q.suspects:
         q.suspects.pop(mid, None)
     q.bytes -= m[1]
@@ -736,6 +756,7 @@ def _on_delivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
         due = ev[DUE] if len(ev) > DUE else None
         if due is not None and due > now:  # not due yet (its ETA): off the clock until then
             c.deferred[mid] = due
+            q.not_due[mid] = due
             start = due
         else:
             start = now  # the clock starts (at the latest now)

@@ -902,7 +902,7 @@ def _queue_info(q: Queue) -> QueueInfo:
         q.unacked_count,
         q.delayed,
         q.bytes,
-        q.oldest_arrival,
+        q.oldest_counting(),
         q.acks_total,
         len(q.consumers),
         q.delivery_limit,

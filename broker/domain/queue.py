@@ -251,6 +251,9 @@ class Queue:
         #: ETA awareness (``<isolation><etaHeaders>`` of a shared queue with isolation): the
         #: headers that say when a delivery is due; empty: every delivery is due at once
         self.eta_headers: tuple[str, ...] = ()
+        #: held messages whose delivery found them not due yet (ETA awareness): message id ->
+        #: monotonic due time; the message age counts them from then (:meth:`oldest_counting`)
+        self.not_due: dict[int, float] = {}
         #: ``<isolation><ackTimeout>`` in whole milliseconds, sent to its consumers as the
         #: header ``x-ack-timeout`` on every delivery (0: no isolation, no header)
         self.ack_timeout_ms = 0
@@ -275,6 +278,30 @@ class Queue:
         if not held:
             return None
         return held[next(iter(held))].arrival
+
+    def oldest_counting(self) -> float | None:
+        """The arrival the message age counts from: the oldest held message's, except that a
+        message found not due yet at its delivery (ETA awareness) counts from its due time. Looks
+        at the head only, up to :attr:`NOT_DUE_SCAN` such messages (beyond, the next message's
+        arrival counts): O(1) per queue for a check."""
+        held = self.held
+        if not held:
+            return None
+        nd = self.not_due
+        if not nd:
+            return held[next(iter(held))].arrival
+        best: float | None = None
+        for i, m in enumerate(held.values()):
+            due = nd.get(m.id)
+            a = m.arrival if due is None or due < m.arrival else due
+            if best is None or a < best:
+                best = a
+            if due is None or i >= self.NOT_DUE_SCAN:
+                break
+        return best
+
+    #: how many messages not due yet :meth:`oldest_counting` skips at the head of a queue
+    NOT_DUE_SCAN = 64
 
     def bindings(self) -> list[tuple[str, str, str]]:
         """``(exchange, exchange_type, key)`` for each binding of this queue."""
@@ -355,6 +382,8 @@ class Queue:
         """A retry hold ran out: let go of ``msg`` (False if the queue no longer holds it)."""
         if self.deleted or self.held.pop(msg.id, None) is None:
             return False
+        if self.not_due:
+            self.not_due.pop(msg.id, None)
         self.bytes -= msg.body_size
         self.delayed -= 1
         self.acks_total += 1
@@ -403,6 +432,8 @@ class Queue:
 
     def _forget(self, msg: Message) -> None:
         if self.held.pop(msg.id, None) is not None:
+            if self.not_due:
+                self.not_due.pop(msg.id, None)
             self.bytes -= msg.body_size
             if msg.stored:
                 self.vhost.store_remove(self, msg)
@@ -727,6 +758,7 @@ class Queue:
         msgs = list(self.held.values())
         self.ready.drain()
         self.held.clear()
+        self.not_due.clear()
         self.bytes = self.ready_bytes = self.delayed = 0
         self.moved_waiting.clear()
         self.suspects.clear()

@@ -85,3 +85,19 @@ def test_due_time_takes_the_first_header_present():
     h = {"b": "2026-01-01T00:00:10Z", "a": None}
     assert fate.due_time(h, ("a", "b")) == 1_767_225_610.0
     assert fate.due_time(h, ("c",)) is None
+
+
+def test_the_message_age_counts_a_message_not_due_from_its_due_time():
+    from broker.domain.message import Message
+    from broker.domain.queue import Queue
+
+    vh = SimpleNamespace(clock=SimpleNamespace(monotonic=lambda: 0.0))
+    q = Queue(vh, "q")  # type: ignore[arg-type]
+    for i, arrival in enumerate((1.0, 2.0, 3.0)):
+        q.held[i] = Message(i, "", "q", b"", b"", 0, arrival, 0.0)
+    assert q.oldest_counting() == 1.0
+    q.not_due[0] = 50.0  # the oldest is not due before 50: the next one is the oldest
+    assert q.oldest_counting() == 2.0
+    q.not_due[1] = 40.0
+    q.not_due[2] = 45.0
+    assert q.oldest_counting() == 40.0  # all not due: the earliest due time (age 0 until then)

@@ -124,6 +124,10 @@ def test_a_delivery_not_due_yet_is_off_the_ack_clock_until_it_is(broker_factory,
     # held for 0.8 s (> ackTimeout 300 ms) but not due before 1.2 s: not isolated
     run([holder, other], 0.8)
     assert isolated(b) == [] and other.got == []
+    # nor is it old for the slow-consumer check's messageAge: its age counts from its due time
+    snap = b.call(lambda: b.broker.snapshot())
+    [work] = [q for q in snap.queues if q.name == "work"]
+    assert work.message_count == 1 and work.age(snap.taken_at) == 0.0
     # once due, the clock runs: held past due + ackTimeout without an ack, it is isolated
     run([holder, other], 1.2, lambda: None)
     assert isolated(b) == [holder.tag]
