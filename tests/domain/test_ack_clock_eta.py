@@ -69,7 +69,7 @@ def test_the_due_heap_stays_bounded_by_what_is_held():
         ("2026-01-01T00:00:10", 1_767_225_610.0),  # no timezone: UTC, as Celery sends it
         ("2026-01-01T00:00:10Z", 1_767_225_610.0),
         (b"2026-01-01T00:00:10Z", 1_767_225_610.0),
-        (dt.datetime(2026, 1, 1, 0, 0, 10, tzinfo=dt.timezone.utc), 1_767_225_610.0),
+        (dt.datetime(2026, 1, 1, 0, 0, 10, tzinfo=dt.UTC), 1_767_225_610.0),
         (1_767_225_610, 1_767_225_610.0),
         ("next tuesday", None),
         (float("nan"), None),
