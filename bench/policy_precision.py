@@ -34,7 +34,9 @@ a miss. Every loop is bounded in count and time; no traffic leaves 127.0.0.1.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -504,6 +506,171 @@ def celery_worker(ctx: Ctx, run: Run) -> None:
             worker.wait(5)
 
 
+# Celery under isolation (issue 17): countdown tasks, long tasks touched, a stopped worker
+
+CELERY_ISO_TASKS = """
+import os, time
+import kombu.messaging as km
+from celery import Celery
+
+_prefix = os.environ.get("PP_TAG")
+if _prefix:  # a consumer tag that names the worker (Celery's are "None1", "None2", ...)
+    _init = km.Consumer.__init__
+
+    def _tagged(self, *args, **kwargs):
+        _init(self, *args, **kwargs)
+        if self.tag_prefix is None:
+            self.tag_prefix = _prefix
+
+    km.Consumer.__init__ = _tagged
+
+app = Celery("ppiso", broker="{url}")
+app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
+                task_acks_late=True, worker_prefetch_multiplier=4, task_default_queue="{queue}",
+                # scaled as the rest: Celery looks at its ETA schedule every second by default,
+                # a tenth of a second here (docs/celery.md)
+                worker_timer_precision=0.1)
+if os.environ.get("PP_TOUCH"):
+    from broker.contrib.celery import install
+    install(app)
+
+
+@app.task
+def work(seconds):
+    time.sleep(seconds)
+"""
+
+
+class CeleryWorkers:
+    """Celery workers (solo pool, late acks) on one queue, in subprocesses; stopped by PID."""
+
+    def __init__(self, ctx: Ctx, queue: str) -> None:
+        self.ctx = ctx
+        self.queue = queue
+        self.dir = ctx.workdir / queue
+        self.dir.mkdir(exist_ok=True)
+        (self.dir / "ppiso.py").write_text(CELERY_ISO_TASKS.format(url=ctx.url, queue=queue))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.sent = 0
+
+    def start(self, tag: str, touch: bool) -> subprocess.Popen[bytes]:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.dir), str(ROOT)]), PP_TAG=tag)
+        if touch:
+            env["PP_TOUCH"] = "1"
+        cmd = [sys.executable, "-m", "celery", "-A", "ppiso", "worker", "--pool=solo"]
+        cmd += ["--concurrency=1", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+        cmd += ["--loglevel=WARNING", "-Q", self.queue, f"--hostname={tag}@%h"]
+        p = subprocess.Popen(
+            cmd, cwd=self.dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.procs.append(p)
+        return p
+
+    def wait_consumers(self, n: int, timeout: float = 30.0) -> None:
+        """Until ``n`` workers consume; raises (the scenario proves nothing) if they do not
+        before ``timeout`` or the run's end (give Celery scenarios a longer ``--duration``)."""
+        with kombu.Connection(self.ctx.url) as conn:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and not self.ctx.stop.is_set():
+                q = kombu.Queue(self.queue, routing_key=self.queue)
+                _, _, consumers = q(conn.default_channel).queue_declare()
+                if consumers >= n:
+                    return
+                self.ctx.stop.wait(0.1)
+        raise RuntimeError(f"{n} Celery workers did not start on {self.queue} in time")
+
+    def send(self, conn: kombu.Connection, seconds: float, countdown: float = 0.0) -> None:
+        """A task message as Celery's protocol 2 sends it (with its ``eta`` header)."""
+        tid = f"{self.queue}-{self.sent}"
+        headers = {"lang": "py", "task": "ppiso.work", "id": tid, "root_id": tid}
+        if countdown:
+            eta = datetime.datetime.now(datetime.timezone.utc)
+            headers["eta"] = (eta + datetime.timedelta(seconds=countdown)).isoformat()
+        conn.Producer().publish(
+            [[seconds], {}, {"callbacks": None, "errbacks": None, "chain": None}],
+            routing_key=self.queue,
+            serializer="json",
+            headers=headers,
+            declare=[kombu.Queue(self.queue, routing_key=self.queue)],
+        )
+        self.sent += 1
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+
+#: Celery scenarios' task lengths and countdown, against ACK_TIMEOUT (1 s)
+CELERY_COUNTDOWN = 2.5
+CELERY_LONG_TASK = 1.5
+
+
+def celery_countdown(ctx: Ctx, run: Run) -> None:
+    """Two Celery workers, 8 tasks sent with a 2.5 s countdown (2.5 x ackTimeout): the workers
+    hold them unacked until they are due (ETA awareness keeps that off the clock). With touch:
+    an idle solo-pool worker writes the ack of a task it ran at its ETA only when its event loop
+    next wakes, up to 10 s later (measured, Celery 5.4), which no 1 s ackTimeout survives
+    without touch (docs/celery.md)."""
+    w = CeleryWorkers(ctx, "pp.celery.eta")
+    try:
+        w.start("ppeta-a-", touch=True)
+        w.start("ppeta-b-", touch=True)
+        w.wait_consumers(2)
+        with kombu.Connection(ctx.url) as conn:
+            for _ in range(8):
+                w.send(conn, 0.05, countdown=CELERY_COUNTDOWN)
+        run.note = f"8 tasks, countdown {CELERY_COUNTDOWN:g} s, touched"
+        ctx.stop.wait(CELERY_COUNTDOWN + 2 * ACK_TIMEOUT + 1.0)
+        ctx.stop.wait(max(0.0, ctx.until - time.monotonic()))
+    finally:
+        w.stop()
+
+
+def celery_touch(ctx: Ctx, run: Run) -> None:
+    """Two Celery workers with the touch integration, 1.5 s tasks (1.5 x ackTimeout)."""
+    w = CeleryWorkers(ctx, "pp.celery.touch")
+    try:
+        w.start("pptouch-a-", touch=True)
+        w.start("pptouch-b-", touch=True)
+        w.wait_consumers(2)
+        with kombu.Connection(ctx.url) as conn:
+            for _ in range(6):
+                w.send(conn, CELERY_LONG_TASK)
+        run.note = f"6 tasks of {CELERY_LONG_TASK:g} s, touched"
+        ctx.stop.wait(3 * CELERY_LONG_TASK + ACK_TIMEOUT)
+        ctx.stop.wait(max(0.0, ctx.until - time.monotonic()))
+    finally:
+        w.stop()
+
+
+def celery_stopped(ctx: Ctx, run: Run) -> None:
+    """Two Celery workers with touch; one is stopped (SIGSTOP) with tasks in hand: it touches
+    nothing more and must be isolated; the other must not be."""
+    w = CeleryWorkers(ctx, "pp.celery.stopped")
+    run.faulty_tags = ("ppstop-stuck-",)
+    try:
+        stuck = w.start("ppstop-stuck-", touch=True)
+        w.start("ppstop-ok-", touch=True)
+        w.wait_consumers(2)
+        os.kill(stuck.pid, signal.SIGSTOP)
+        with kombu.Connection(ctx.url) as conn:
+            for _ in range(8):
+                w.send(conn, 0.2)
+        run.note = "8 tasks of 200 ms, one worker SIGSTOPped"
+        ctx.stop.wait(2 * ACK_TIMEOUT + 8 * 0.2 + 1.0)
+        ctx.stop.wait(max(0.0, ctx.until - time.monotonic()))
+    finally:
+        w.stop()
+
+
 # faults
 
 
@@ -596,6 +763,22 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "Celery worker (long tasks)", True, "untouched", ("pp.celery",), celery_worker, slow=True
     ),
+    Scenario(
+        "Celery countdown tasks (ETA > ackTimeout) with touch",
+        True,
+        "untouched",
+        ("pp.celery.eta",),
+        celery_countdown,
+        slow=True,
+    ),
+    Scenario(
+        "Celery tasks > ackTimeout with touch",
+        True,
+        "untouched",
+        ("pp.celery.touch",),
+        celery_touch,
+        slow=True,
+    ),
     Scenario("stalled consumer", False, "isolated", ("pp.stalled",), stalled, ("isolated",)),
     Scenario("stops reading socket", False, "isolated", ("pp.noread",), no_read, ("isolated",)),
     Scenario(
@@ -618,6 +801,15 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         "poison message", False, "dead-lettered: poison", ("pp.poison",), poison, ("poison",), 0.0
+    ),
+    Scenario(
+        "Celery worker stopped (SIGSTOP)",
+        False,
+        "isolated",
+        ("pp.celery.stopped",),
+        celery_stopped,
+        ("isolated",),
+        slow=True,
     ),
 )
 
@@ -808,7 +1000,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = {n.strip() for n in args.only.split(",")}
         chosen = [s for s in chosen if s.name in names]
     if args.no_celery:
-        chosen = [s for s in chosen if s.name != "Celery worker (long tasks)"]
+        chosen = [s for s in chosen if not s.name.startswith("Celery")]
     print(SCALE)
     print(f"poison detection in this broker: {'yes' if poison_detection_available() else 'no'}")
     with tempfile.TemporaryDirectory(prefix="policy-precision-") as tmp:
