@@ -584,7 +584,7 @@ class CeleryWorkers:
         tid = f"{self.queue}-{self.sent}"
         headers = {"lang": "py", "task": "ppiso.work", "id": tid, "root_id": tid}
         if countdown:
-            eta = datetime.datetime.now(datetime.timezone.utc)
+            eta = datetime.datetime.now(datetime.UTC)
             headers["eta"] = (eta + datetime.timedelta(seconds=countdown)).isoformat()
         conn.Producer().publish(
             [[seconds], {}, {"callbacks": None, "errbacks": None, "chain": None}],
