@@ -125,6 +125,17 @@ def scenario(b) -> None:
         ok.basic_consume("iso", callback=lambda msg: ok.basic_ack(msg.delivery_tag))
         for i in range(4):
             ch.basic_publish(amqp.Message(str(i)), "", "iso")
+        # delivery touched: the stuck consumer touches its delivery once (amq.touch)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not held:
+            try:
+                conn.drain_events(timeout=0.05)
+            except TimeoutError:
+                pass
+        stuck.basic_publish(
+            amqp.Message(b"", application_headers={"x-touch-tag": held[0].delivery_tag}),
+            "amq.touch",
+        )
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and not b.call(
             lambda: any(c.isolated for c in b.broker.vhosts["/"].queues["iso"].consumers)
