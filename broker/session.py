@@ -248,7 +248,6 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         now = self.conn.clock.monotonic()
-        due_wall: float | None = None
         if consumer.first_delivery is None:
             consumer.first_delivery = now
         consumer.delivered_total += 1
@@ -259,23 +258,18 @@ class Channel:
             fate.settle_unacked(queue, msg)
         else:
             self.unacked[tag] = (msg, queue, consumer)
-            if queue.eta_headers:  # ETA awareness (SPEC 6): parsed once, here
-                consumer.unacked += 1
-                due = self._due(msg, queue.eta_headers)
-                if due is not None and due[0] > now:
-                    fate.hold_deferred(consumer, msg.id, due[0])
-                    queue.not_due[msg.id] = due[0]  # the message age counts from then too
-                    due_wall = due[1]
-                else:
-                    fate.held_due(consumer, now)
-            else:
-                if not consumer.unacked:
-                    consumer.busy_since = now  # nothing unacked -> something: the clock starts
-                consumer.unacked += 1
+            if not consumer.unacked:
+                consumer.busy_since = now  # nothing unacked -> something: the clock starts
+            consumer.unacked += 1
             if queue.suspects:
                 fate.suspect_delivered(queue, msg, consumer)
             if msg.stored and not msg.redelivered:
                 queue.vhost.store.delivered(queue, msg)
+        iso = queue.ack_timeout_ms  # 0 unless the queue is under isolation: one load here
+        if iso:
+            props, due_wall = self._isolated_delivery(consumer, msg, queue, now, iso)
+        else:
+            props, due_wall = msg.delivery_properties(), None
         conn = self.conn
         conn.out.append(
             conn.codec.encode_deliver(
@@ -286,9 +280,7 @@ class Channel:
                 msg.exchange.encode(),
                 msg.routing_key.encode(),
                 msg.body_size,
-                msg.delivery_properties()
-                if not queue.ack_timeout_ms
-                else msg.delivery_properties_with(ACK_TIMEOUT_HEADER, queue.ack_timeout_ms),
+                props,
                 msg.body,
             )
         )
@@ -307,6 +299,27 @@ class Channel:
                 no_ack=consumer.no_ack,
                 due=due_wall,
             )
+
+    def _isolated_delivery(
+        self, consumer: Consumer, msg: Message, queue: Queue, now: float, ack_timeout_ms: int
+    ) -> tuple[bytes, float | None]:
+        """A delivery from a queue under isolation: its properties carry ``x-ack-timeout``, and
+        with ETA awareness (SPEC 6) a message not due yet is parsed once, here, and kept off the
+        consumer's ack clock until it is due. Returns the properties and the due time (wall
+        clock) of a delivery not due yet, else None."""
+        props = msg.delivery_properties_with(ACK_TIMEOUT_HEADER, ack_timeout_ms)
+        names = queue.eta_headers
+        if not names or consumer.no_ack:
+            return props, None
+        due = self._due(msg, names)
+        if due is None or due[0] <= now:
+            fate.held_due(consumer, now)
+            return props, None
+        if consumer.unacked == 1:
+            consumer.busy_since = None  # it held nothing: the clock waits for the due time
+        fate.hold_deferred(consumer, msg.id, due[0])
+        queue.not_due[msg.id] = due[0]  # the message age counts from then too
+        return props, due[1]
 
     def _due(self, msg: Message, names: tuple[str, ...]) -> tuple[float, float] | None:
         """When ``msg`` is due by its ETA headers: (monotonic, wall clock), or None (no such
