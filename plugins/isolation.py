@@ -65,7 +65,9 @@ def stuck_since(consumer: ConsumerView) -> float | None:
     """When the consumer's ack clock started (``None``: it holds nothing unacked).
 
     The clock starts when the consumer goes from nothing unacked to something unacked and
-    restarts at each ack, nack or reject; the core keeps it as ``busy_since``.
+    restarts at each ack, nack, reject or touch (``amq.touch``); the core keeps it as
+    ``busy_since``. It lies in the future while the consumer holds only deliveries whose ETA
+    header says they are not due yet (``<etaHeaders>``): such a consumer is never overdue.
     """
     return consumer.busy_since if consumer.unacked > 0 else None
 
