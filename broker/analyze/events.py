@@ -123,11 +123,15 @@ def read_events(spark: Any, journal: str | Path) -> Any:
 
     path = str(journal)
     check_local_journal(path)
-    df = spark.read.option("basePath", path).parquet(path)
+    # mergeSchema: without it Spark takes the columns of one file, and a directory mixing files
+    # written without the optional ``due_us`` (schema version 1, or version 2 before the column)
+    # and files with it would lose the column silently when that file lacks it
+    df = spark.read.option("basePath", path).option("mergeSchema", "true").parquet(path)
     if "schema_version" not in df.columns or "ts_us" not in df.columns:
         raise JournalError(f"{path}: not a plugbroker journal (no schema_version/ts_us columns)")
     df = df.withColumn("ts", F.col("ts_us") / F.lit(1e6))
-    # ``due_us`` (a delivery's ETA) came later than schema version 1's first files: optional
+    # ``due_us`` (a delivery's ETA) is optional: null in files written without it, and a
+    # journal with none of them has no such column at all
     due = F.col("due_us") / F.lit(1e6) if "due_us" in df.columns else F.lit(None)
     return df.withColumn("due", due.cast("double"))
 

@@ -254,6 +254,61 @@ def test_a_version_1_journal_is_still_read(spark, tmp_path):
     assert work["published"] == 41 and work["acked"] >= 37
 
 
+def test_due_us_is_read_from_a_journal_mixing_files_with_and_without_it(spark, tmp_path):
+    """The optional ``due_us`` column: the version-1 fixture has none, a later file has it. Its
+    value reaches the events whichever file Spark would have taken the columns from, and the
+    rows of the files without it read as null."""
+    import shutil
+
+    import pyarrow as pa
+
+    from broker.analyze.events import read_events
+    from plugins.journal import SCHEMA
+
+    assert "due_us" not in pq.read_schema(next(V1_JOURNAL.rglob("*.parquet"))).names
+    v1_rows = sum(pq.read_metadata(f).num_rows for f in V1_JOURNAL.rglob("*.parquet"))
+    t0 = 1_795_500_000_000_000
+    rows = []
+    for seq, (event, due_us) in enumerate(
+        (("delivered", t0 + 30_000_000), ("touched", None), ("delivered", None))
+    ):
+        row: dict[str, Any] = dict.fromkeys(SCHEMA.names)
+        row.update(
+            schema_version=SCHEMA_VERSION,
+            ts_us=t0 + seq,
+            seq=seq,
+            run="r-due",
+            event=event,
+            vhost="/",
+            queue="work",
+            message_id=seq + 1,
+            due_us=due_us,
+        )
+        rows.append(row)
+    new = pa.Table.from_pylist(rows, schema=SCHEMA)
+    # the files without the column sort first, then last
+    for name, newer, older in (
+        ("a", "date=2026-11-24", "date=2026-11-23"),
+        ("b", "date=2026-11-22", "date=2026-11-23"),
+    ):
+        root = tmp_path / name
+        shutil.copytree(V1_JOURNAL / "date=2026-11-23", root / older)
+        (root / newer / "hour=00").mkdir(parents=True)
+        pq.write_table(new, root / newer / "hour=00" / "events-due.parquet")
+        check_local_journal(str(root))
+        ev = read_events(spark, root)
+        assert "due_us" in ev.columns and ev.count() == v1_rows + 3
+        got = {
+            (r["event"], r["message_id"]): r["due"] for r in ev.filter(ev.run == "r-due").collect()
+        }
+        assert got == {
+            ("delivered", 1): (t0 + 30_000_000) / 1e6,
+            ("touched", 2): None,
+            ("delivered", 3): None,
+        }
+        assert ev.filter(ev.run != "r-due").filter(ev.due.isNotNull()).count() == 0
+
+
 def test_a_newer_journal_is_refused_with_its_version(tmp_path):
     import pyarrow as pa
 
