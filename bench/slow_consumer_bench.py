@@ -36,6 +36,7 @@ CONFIG = """<broker><virtualhost name="/">
 class _Channel:
     id = 1
     connection_id = "bench"
+    unheard = False
 
     def can_deliver(self) -> bool:
         return False  # hold everything: the queues keep their backlog

@@ -523,7 +523,11 @@ class Broker:
                         c.isolated,
                         c.prefetch,
                         c.no_ack,
-                        c.busy_since,
+                        # a consumer the broker is not hearing (a resource alarm blocks its
+                        # connection) is not overdue: its ack clock stands still meanwhile
+                        c.busy_since
+                        if c.busy_since is None or not c.channel.unheard
+                        else self.clock.monotonic(),
                         c.poison_suspects,
                     )
                     for c in cs

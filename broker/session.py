@@ -238,6 +238,13 @@ class Channel:
 
     # ------------------------------------------------------------ ConsumerChannel
 
+    @property
+    def unheard(self) -> bool:
+        """The broker is not reading this channel's connection because a resource alarm
+        blocks it (a publisher): acks sent meanwhile wait unread, so its consumers' ack clocks
+        stand still (see :meth:`Connection.set_blocked`)."""
+        return self.conn.blocked
+
     def can_deliver(self) -> bool:
         if not self.flow or self.closing or not self.conn.writable:
             return False
@@ -1179,6 +1186,14 @@ class Connection:
             self.blocked = False
             self._stall_mark = None
             self._sync_reading()
+            # its acks went unread while it was blocked: its consumers' ack clocks restart
+            # now, as on an ack, so isolation never takes a consumer for stuck because the
+            # broker was not listening to it
+            now = self.clock.monotonic()
+            for ch in self.channels.values():
+                for c in ch.consumers.values():
+                    if c.unacked:
+                        fate.restart_clock(c, now)
 
     def block(self) -> None:
         """Stop reading from this publisher while a resource alarm is raised."""

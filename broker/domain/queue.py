@@ -44,6 +44,12 @@ class ConsumerChannel(Protocol):
     id: int
     connection_id: str
 
+    @property
+    def unheard(self) -> bool:
+        """The broker is not reading the connection (a resource alarm blocks it): the ack
+        clocks of its consumers stand still meanwhile."""
+        ...
+
     def can_deliver(self) -> bool: ...
 
     def deliver(self, consumer: Consumer, msg: Message, queue: Queue) -> None: ...

@@ -59,6 +59,7 @@ class Channel:
         self.unacked: dict[int, tuple[Message, Queue, Consumer]] = {}
         self.moved: dict[int, tuple[Message, Queue, Consumer]] = {}
         self.next_tag = 1
+        self.unheard = False
 
     def can_deliver(self) -> bool:
         return True

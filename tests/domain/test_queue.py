@@ -24,6 +24,7 @@ class FakeChannel:
         self.open = open_
         self.delivered: list[tuple[str, Message]] = []
         self.cancelled: list[str] = []
+        self.unheard = False
 
     def can_deliver(self) -> bool:
         return self.open

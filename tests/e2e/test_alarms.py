@@ -344,3 +344,59 @@ def test_partial_bodies_count_for_the_memory_alarm_and_are_returned(broker_facto
     finally:
         raw.close()
         _close(watcher, broker=b)
+
+
+ISOLATED_WORK = (
+    '<queue name="work"><isolation><ackTimeout>300ms</ackTimeout>'
+    "<checkPeriod>100ms</checkPeriod></isolation></queue>"
+)
+
+
+def test_a_consumer_blocked_by_an_alarm_is_not_taken_for_stuck(broker_factory: Any) -> None:
+    """A worker that also publishes (a Celery worker touching its tasks, say) is blocked as a
+    whole by a resource alarm: the broker stops reading its acks. Its ack clock stands still
+    meanwhile and restarts when reading resumes, so isolation does not move its tasks; a
+    consumer the broker still hears, holding its delivery past the ack timeout, is isolated
+    during the same alarm."""
+    b = broker_factory(ISOLATED_WORK)
+    producer = _amqp(b)
+    pch = producer.channel()
+    pch.queue_declare("work", auto_delete=False)
+    for i in range(2):
+        pch.basic_publish(amqp.Message(f"m{i}"), routing_key="work")
+
+    got: dict[str, list[Any]] = {"pub": [], "quiet": []}
+    publisher = _amqp(b)  # consumes and publishes: blocked during the alarm
+    ach = publisher.channel()
+    ach.basic_qos(0, 1, False)
+    ach.basic_publish(amqp.Message("result"), routing_key="results")
+    ach.basic_consume("work", consumer_tag="pub", callback=got["pub"].append)
+    quiet = _amqp(b)  # consumes only: still read during the alarm
+    qch = quiet.channel()
+    qch.basic_qos(0, 1, False)
+    qch.basic_consume("work", consumer_tag="quiet", callback=got["quiet"].append)
+    for conn, key in ((publisher, "pub"), (quiet, "quiet")):
+        drain_until(conn, lambda k=key: bool(got[k]), timeout=5)
+
+    def isolated(br: Any, tag: str) -> bool:
+        return any(c.isolated for c in br.api.consumers("/", "work") if c.tag == tag)
+
+    try:
+        b.call(lambda: b.broker.raise_alarm("memory", "test"))
+        _wait(b, lambda br: any(c.blocked for c in br.connections.values()))
+        # a consumer the broker hears is still isolated during an alarm
+        _wait(b, lambda br: isolated(br, "quiet"))
+        time.sleep(0.5)  # more than the ack timeout again, still blocked
+        assert not b.call(lambda: isolated(b.broker, "pub"))
+        b.call(lambda: b.broker.clear_alarm("memory"))
+        _wait(b, lambda br: not any(c.blocked for c in br.connections.values()))
+        ach.basic_ack(got["pub"][0].delivery_tag)
+        _wait(
+            b,
+            lambda br: any(
+                c.last_ack is not None for c in br.api.consumers("/", "work") if c.tag == "pub"
+            ),
+        )
+        assert not b.call(lambda: isolated(b.broker, "pub"))
+    finally:
+        _close(producer, publisher, quiet, broker=b)
