@@ -387,16 +387,64 @@ def latency_label(i: int) -> str:
     return f"{format_duration(lo) if lo else '0'}-{format_duration(hi)}"
 
 
-def backlog_series(events: Any, life: Any, t0: float, step: float) -> Any:
+def _bucket(c: Any, t0: float, step: float) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.floor((c - F.lit(t0)) / F.lit(step)).cast("long")
+
+
+#: the events :func:`bucket_counts` keeps: a queue's message events and its consumers' lifecycle
+COUNTED_EVENTS = MESSAGE_EVENTS + ("consumer_added", "consumer_isolated")
+
+
+def bucket_counts(events: Any, t0: float, step: float) -> Any:
+    """The message events (and ``consumer_added``/``consumer_isolated``) of every queue counted
+    per (vhost, queue, connection_id, consumer_tag, bucket, event), in one pass over the journal:
+    ``n``, ``requeued`` (rejects with requeue), ``no_ack`` and ``prefetch`` (the largest
+    ``no_ack`` and ``count``), ``first_ts``, ``last_ts``.
+
+    Small (queues x consumers x buckets x event kinds), so :func:`backlog_series` (counts per
+    queue and bucket) and the report's per-consumer figures both read it instead of scanning
+    the journal again.
+    """
+    from pyspark.sql import functions as F
+
+    ev = F.col("event")
+    return (
+        events.where(F.col("queue").isNotNull() & ev.isin(*COUNTED_EVENTS))
+        .groupBy(
+            "vhost",
+            "queue",
+            "connection_id",
+            "consumer_tag",
+            _bucket(F.col("ts"), t0, step).alias("bucket"),
+            "event",
+        )
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(F.when((ev == "rejected") & F.col("requeue"), 1).otherwise(0)).alias("requeued"),
+            F.max("no_ack").alias("no_ack"),
+            F.max("count").alias("prefetch"),
+            F.min("ts").alias("first_ts"),
+            F.max("ts").alias("last_ts"),
+        )
+    )
+
+
+def backlog_series(events: Any, life: Any, t0: float, step: float, counts: Any = None) -> Any:
     """Per (vhost, queue, bucket): counts of each event in the bucket, and at the bucket's end the
     messages and bytes held and the age of the oldest. Sparse: only buckets where something
     happened to the queue appear (the figures carry over unchanged in between, except the age,
-    which grows)."""
+    which grows).
+
+    ``counts``: :func:`bucket_counts` for the same ``t0`` and ``step`` if already computed (the
+    event counts then come from it, not from another pass over ``events``).
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
     def bucket(c: Any) -> Any:
-        return F.floor((c - F.lit(t0)) / F.lit(step)).cast("long")
+        return _bucket(c, t0, step)
 
     big = F.lit(2**62).cast("long")
     ended = F.col("end") < F.lit(NEVER)
@@ -426,11 +474,20 @@ def backlog_series(events: Any, life: Any, t0: float, step: float) -> Any:
         F.sum("dn").alias("dn"), F.sum("db").alias("db"), F.min("arr").alias("min_arrival_ending")
     )
     ev = F.col("event")
-    counts = (
-        events.where(F.col("queue").isNotNull() & ev.isin(*MESSAGE_EVENTS))
-        .groupBy("vhost", "queue", bucket(F.col("ts")).alias("bucket"))
-        .agg(*[F.sum((ev == e).cast("long")).alias(e) for e in MESSAGE_EVENTS])
-    )
+    if counts is None:
+        counts = (
+            events.where(F.col("queue").isNotNull() & ev.isin(*MESSAGE_EVENTS))
+            .groupBy("vhost", "queue", bucket(F.col("ts")).alias("bucket"))
+            .agg(*[F.sum((ev == e).cast("long")).alias(e) for e in MESSAGE_EVENTS])
+        )
+    else:
+        counts = (
+            counts.where(ev.isin(*MESSAGE_EVENTS))
+            .groupBy("vhost", "queue", "bucket")
+            .agg(
+                *[F.sum(F.when(ev == e, F.col("n")).otherwise(0)).alias(e) for e in MESSAGE_EVENTS]
+            )
+        )
     rows = deltas.join(counts, ["vhost", "queue", "bucket"], "full").na.fill(
         0, ["dn", "db", *MESSAGE_EVENTS]
     )

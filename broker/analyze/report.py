@@ -30,6 +30,7 @@ from broker.analyze.events import (
     LATENCY_BOUNDS,
     MESSAGE_EVENTS,
     backlog_series,
+    bucket_counts,
     consumer_id,
     latency_bucket,
     latency_label,
@@ -52,6 +53,34 @@ TABLES = (
     "policy_actions",
 )
 STEPS = 10
+FATE_EVENTS = ("dead_lettered", "dropped", "redelivered")
+FATE_SCHEMA = pa.schema(
+    [
+        ("vhost", pa.string()),
+        ("queue", pa.string()),
+        ("event", pa.string()),
+        ("reason", pa.string()),
+        pa.field("count", pa.int64(), nullable=False),
+    ]
+)
+ACTION_EVENTS = ("policy_action", "consumer_isolated", "consumer_released")
+#: the policy_actions table's columns
+ACTION_COLUMNS = (
+    "ts",
+    "event",
+    "vhost",
+    "queue",
+    "policy",
+    "action",
+    "consumer_tag",
+    "connection_id",
+    "threshold",
+    "configured",
+    "measured",
+    "outcome",
+    "reason",
+    "count",
+)
 
 
 @dataclass
@@ -114,10 +143,13 @@ def report(
 
     with Scratch(spark, scratch) as work:
         progress.step("message lifecycles, backlog and oldest-message age over time")
+        counts = work.materialize(bucket_counts(events, t0, step), "counts")
         facts = work.materialize(message_facts(events), "facts")
         life = lifecycles(facts, events, run_table)
         series = (
-            backlog_series(events, life, t0, step).orderBy("vhost", "queue", "bucket").toArrow()
+            backlog_series(events, life, t0, step, counts)
+            .orderBy("vhost", "queue", "bucket")
+            .toArrow()
         )
 
         progress.step("pairing deliveries with acks (processing time)")
@@ -129,7 +161,7 @@ def report(
         queues = _queues(series, lat_q, t0, step)
 
         progress.step("per-consumer figures")
-        consumers = _consumers(events, pairs).toArrow()
+        consumers = _consumers(counts, events, pairs).toArrow()
 
         progress.step("processing-time distribution")
         hist = (
@@ -143,12 +175,34 @@ def report(
         overview["latency"] = acked.agg(*_latency_aggs()).collect()[0].asDict()
 
     progress.step("dead letters, drops and redeliveries by reason")
-    fate = (
-        events.where(F.col("event").isin("dead_lettered", "dropped", "redelivered"))
-        .groupBy("vhost", "queue", "event", "reason")
-        .count()
-        .orderBy(F.desc("count"), "vhost", "queue")
+    # the rare events, in one pass over the journal; grouped and sorted here on the driver
+    rare = (
+        events.where(F.col("event").isin(*FATE_EVENTS, *ACTION_EVENTS, "queue_bound"))
+        .select("run", "seq", "exchange", "routing_key", *ACTION_COLUMNS)
         .toArrow()
+    )
+    kind = rare.column("event")
+    fate = (
+        rare.filter(pc.is_in(kind, value_set=pa.array(FATE_EVENTS)))
+        .group_by(["vhost", "queue", "event", "reason"], use_threads=False)
+        .aggregate([([], "count_all")])
+        .rename_columns(["vhost", "queue", "event", "reason", "count"])
+        .cast(FATE_SCHEMA)
+    )
+    # as Spark orders: the most frequent first, then by vhost and queue, a missing one first
+    fate = (
+        fate.append_column("_v", pc.is_valid(fate.column("vhost")))
+        .append_column("_q", pc.is_valid(fate.column("queue")))
+        .sort_by(
+            [
+                ("count", "descending"),
+                ("_v", "ascending"),
+                ("vhost", "ascending"),
+                ("_q", "ascending"),
+                ("queue", "ascending"),
+            ]
+        )
+        .drop_columns(["_v", "_q"])
     )
     is_redel = pc.equal(fate.column("event"), "redelivered")
     dead = fate.filter(pc.invert(is_redel)).rename_columns(
@@ -158,39 +212,26 @@ def report(
 
     progress.step("policy actions")
     actions = (
-        events.where(F.col("event").isin("policy_action", "consumer_isolated", "consumer_released"))
-        .orderBy("run", "seq")
-        .select(
-            "ts",
-            "event",
-            "vhost",
-            "queue",
-            "policy",
-            "action",
-            "consumer_tag",
-            "connection_id",
-            "threshold",
-            "configured",
-            "measured",
-            "outcome",
-            "reason",
-            "count",
-        )
-        .toArrow()
+        rare.filter(pc.is_in(kind, value_set=pa.array(ACTION_EVENTS)))
+        .sort_by([("run", "ascending"), ("seq", "ascending")])
+        .select(list(ACTION_COLUMNS))
     )
 
     # what each queue is bound to: a server-named subscription queue is labelled by it
+    bound = rare.filter(pc.and_(pc.equal(kind, "queue_bound"), pc.is_valid(rare.column("queue"))))
     bindings: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    for r in (
-        events.where((F.col("event") == "queue_bound") & F.col("queue").isNotNull())
-        .select("vhost", "queue", "exchange", "routing_key")
-        .distinct()
-        .orderBy("vhost", "queue", "exchange", "routing_key")
-        .collect()
+    for v, q, x, k in sorted(
+        set(
+            zip(
+                *(
+                    bound.column(c).to_pylist()
+                    for c in ("vhost", "queue", "exchange", "routing_key")
+                )
+            )
+        ),
+        key=lambda row: [(c is not None, c or "") for c in row],
     ):
-        bindings.setdefault((r["vhost"], r["queue"]), []).append(
-            (r["exchange"] or "", r["routing_key"] or "")
-        )
+        bindings.setdefault((v, q), []).append((x or "", k or ""))
     queues = queues.append_column(
         "bindings",
         pa.array(
@@ -397,29 +438,34 @@ def _overview(events: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return overview, runs_
 
 
-def _consumers(events: Any, pairs: Any) -> Any:
+def _consumers(bucketed: Any, events: Any, pairs: Any) -> Any:
+    """Per consumer, from :func:`~broker.analyze.events.bucket_counts` (``bucketed``), the
+    journal's ``consumer_removed`` events and the paired settlements."""
     from pyspark.sql import functions as F
 
     ev = F.col("event")
     key = ["vhost", "queue", "connection_id", "consumer_tag"]
-    base = events.where(
+    base = bucketed.where(
         F.col("consumer_tag").isNotNull()
-        & F.col("queue").isNotNull()
         & ev.isin("delivered", "acked", "rejected", "consumer_added", "consumer_isolated")
     )
+
+    def n(e: str) -> Any:
+        return F.sum(F.when(ev == e, F.col("n")).otherwise(0))
+
     counts = (
         base.groupBy(*key)
         .agg(
-            F.sum((ev == "delivered").cast("int")).alias("delivered"),
-            F.sum((ev == "acked").cast("int")).alias("acked"),
-            F.sum((ev == "rejected").cast("int")).alias("rejected"),
-            F.sum(((ev == "rejected") & F.col("requeue")).cast("int")).alias("requeued"),
-            F.sum((ev == "consumer_isolated").cast("int")).alias("isolated"),
+            n("delivered").alias("delivered"),
+            n("acked").alias("acked"),
+            n("rejected").alias("rejected"),
+            F.sum("requeued").alias("requeued"),
+            n("consumer_isolated").alias("isolated"),
             F.max(F.when(ev == "consumer_added", F.col("no_ack"))).alias("no_ack"),
-            F.max(F.when(ev == "consumer_added", F.col("count"))).alias("prefetch"),
-            F.min("ts").alias("first_ts"),
-            F.max("ts").alias("last_ts"),
-            F.max(F.when(ev.isin("acked", "rejected"), F.col("ts"))).alias("last_ack_ts"),
+            F.max(F.when(ev == "consumer_added", F.col("prefetch"))).alias("prefetch"),
+            F.min("first_ts").alias("first_ts"),
+            F.max("last_ts").alias("last_ts"),
+            F.max(F.when(ev.isin("acked", "rejected"), F.col("last_ts"))).alias("last_ack_ts"),
         )
         .withColumn("consumer", consumer_id())
     )
