@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import ipaddress
 import json
 import logging
 import ssl
@@ -267,6 +268,26 @@ def _same_origin(request: web.BaseRequest) -> bool:
     return urlsplit(origin).netloc == request.headers.get("Host", "")
 
 
+def _rebound(request: web.BaseRequest) -> bool:
+    """A request from this host naming the server by a name other than ``localhost`` or an
+    address: what a page elsewhere makes after pointing its own name at 127.0.0.1 (DNS
+    rebinding). Its ``Origin`` then matches its ``Host``, and loopback-only users such as the
+    default guest would log in from the victim's browser, so it is refused."""
+    try:
+        if not ipaddress.ip_address((request.remote or "").partition("%")[0]).is_loopback:
+            return False
+    except ValueError:
+        return False
+    host = urlsplit("//" + request.headers.get("Host", "")).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
+
+
 Route = Callable[[web.BaseRequest, list[str], dict[str, list[str]]], Awaitable[web.Response]]
 
 
@@ -414,6 +435,15 @@ class AdminServer:
             and (request.path == "/" or request.path.startswith("/ui/"))
         ):
             return self._static(request.path)
+        if _rebound(request):
+            log.warning(
+                "admin: %s %s from %s refused: Host %r is not localhost or an address",
+                request.method,
+                request.raw_path,
+                request.remote,
+                request.headers.get("Host"),
+            )
+            return _json(403, {"error": "request for another host name refused"})
         if request.method == "POST" and not _same_origin(request):
             log.warning(
                 "admin: POST %s from %s refused: sent from the page of another site (%s)",

@@ -269,6 +269,24 @@ def test_a_post_from_another_site_is_refused(b) -> None:
     assert request(port, "POST", "/api/queues/%2F/kept/purge", same) == (200, {"purged": 1})
 
 
+def test_a_rebound_host_name_is_refused_from_loopback(b) -> None:
+    """A page at evil.example that points its name at 127.0.0.1 sends Host and Origin
+    evil.example: same origin to the browser, and guest logs in from loopback; refused."""
+    port = b.running.admin.port
+    with kombu.Connection(b.url()) as conn:
+        conn.Producer().publish(
+            b"x", routing_key="kept2", declare=[kombu.Queue("kept2", auto_delete=False)]
+        )
+    rebound = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+    for method, path in (("GET", "/api/queues"), ("POST", "/api/queues/%2F/kept2/purge")):
+        status, body = request(port, method, path, rebound)
+        assert status == 403 and body == {"error": "request for another host name refused"}
+    assert b.call(lambda: b.broker.api.queue("/", "kept2").messages) == 1
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "[::1]"):
+        status, _ = request(port, "GET", "/api/overview", {"Host": host})
+        assert status == 200, host
+
+
 def test_the_ui_page_needs_no_login_and_the_api_no_dialog_for_it(b) -> None:
     port = b.running.admin.port
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:

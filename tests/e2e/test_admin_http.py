@@ -81,7 +81,7 @@ def test_a_parameter_that_is_no_integer_is_a_400_in_json(admin_port: int) -> Non
 def test_a_negative_content_length_is_a_400_in_json(admin_port: int) -> None:
     answer = raw(
         admin_port,
-        b"POST /api/reload HTTP/1.1\r\nHost: x\r\nAuthorization: "
+        b"POST /api/reload HTTP/1.1\r\nHost: localhost\r\nAuthorization: "
         + AUTH.encode()
         + b"\r\nContent-Length: -1\r\n\r\n",
     )
@@ -95,13 +95,16 @@ def test_a_bad_request_line_is_a_400_in_json(admin_port: int) -> None:
 
 
 def test_unknown_paths_and_methods_answer_json(admin_port: int) -> None:
-    head = b"Host: x\r\nAuthorization: " + AUTH.encode() + b"\r\nConnection: close\r\n\r\n"
+    head = b"Host: localhost\r\nAuthorization: " + AUTH.encode() + b"\r\nConnection: close\r\n\r\n"
     status, body = status_and_json(raw(admin_port, b"GET /api/nothing HTTP/1.1\r\n" + head))
     assert status == 404 and body == {"error": "no such endpoint: GET /api/nothing"}
     status, body = status_and_json(raw(admin_port, b"DELETE /api/queues HTTP/1.1\r\n" + head))
     assert status == 405 and "DELETE" in body["error"]
     status, body = status_and_json(
-        raw(admin_port, b"GET /api/overview HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw(
+            admin_port,
+            b"GET /api/overview HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        )
     )
     assert status == 401 and body["error"] == "not_authorized" and "Login failed" in body["reason"]
 
@@ -142,7 +145,7 @@ def test_headers_that_never_end_are_cut_off(limited) -> None:
     srv = limited(header_timeout=0.3)
     t0 = time.monotonic()
     with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
-        s.sendall(b"GET /api/overview HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        s.sendall(b"GET /api/overview HTTP/1.1\r\nHost: localhost\r\n")  # and never the blank line
         assert s.recv(100) == b""
     assert time.monotonic() - t0 < 3
 
@@ -157,7 +160,7 @@ def test_a_body_that_never_comes_is_a_408(limited) -> None:
     srv = limited(body_timeout=0.3)
     answer = raw(
         srv.port,
-        b"POST /api/reload HTTP/1.1\r\nHost: x\r\nAuthorization: "
+        b"POST /api/reload HTTP/1.1\r\nHost: localhost\r\nAuthorization: "
         + AUTH.encode()
         + b"\r\nContent-Length: 100\r\n\r\nonly a little",
     )
@@ -169,7 +172,7 @@ def test_a_body_over_the_bound_is_a_413(limited) -> None:
     srv = limited(max_body=1000)
     answer = raw(
         srv.port,
-        b"POST /api/reload HTTP/1.1\r\nHost: x\r\nAuthorization: "
+        b"POST /api/reload HTTP/1.1\r\nHost: localhost\r\nAuthorization: "
         + AUTH.encode()
         + b"\r\nContent-Length: 5000\r\n\r\n"
         + b"x" * 5000,
