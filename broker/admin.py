@@ -183,6 +183,7 @@ class Admin:
                 "resources": _resources_json(api),
                 "plugins": list(api.plugin_names()),
                 **({"limits": limits_json(api.limits())} if vhosts is None else {}),
+                **({"failures": _failures_json(api)} if vhosts is None else {}),
             }
 
         return self.on_loop(read)
@@ -574,6 +575,23 @@ def _resources_json(api: BrokerAPI) -> dict[str, Any]:
     }
 
 
+def _failures_json(api: BrokerAPI) -> dict[str, Any]:
+    f = api.failures()
+    return {
+        "store_records_failed": f.store_records_failed,
+        "hook_failures": sum(f.hook_failures.values()),
+        "hook_failures_by_plugin": [
+            {"plugin": plugin, "hook": hook, "count": n}
+            for (plugin, hook), n in sorted(f.hook_failures.items())
+        ],
+        "dispatch_failures": sum(f.dispatch_failures.values()),
+        "dispatch_failures_by_queue": [
+            {"vhost": vhost, "queue": queue, "count": n}
+            for (vhost, queue), n in sorted(f.dispatch_failures.items())
+        ],
+    }
+
+
 def _label(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -785,6 +803,28 @@ def prometheus_text(api: BrokerAPI) -> str:
         "gauge",
         "The disk alarm goes on below this much free space.",
         [("", r.disk_free_limit)],
+    )
+    f = api.failures()
+    family(
+        "plugbroker_store_records_failed_total",
+        "counter",
+        "Store operations that could not be written and were left out.",
+        [("", f.store_records_failed)],
+    )
+    family(
+        "plugbroker_hook_failures_total",
+        "counter",
+        "Notification-hook calls that raised and were contained, by plugin and hook.",
+        [
+            (f'plugin="{_label(plugin)}",hook="{_label(hook)}"', n)
+            for (plugin, hook), n in sorted(f.hook_failures.items())
+        ],
+    )
+    family(
+        "plugbroker_dispatch_failures_total",
+        "counter",
+        "Queue dispatches that raised and were contained, by queue.",
+        [(ql(vhost, queue), n) for (vhost, queue), n in sorted(f.dispatch_failures.items())],
     )
     return "\n".join(lines) + "\n"
 

@@ -179,6 +179,19 @@ class AlarmInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class FailureInfo:
+    """Failures the broker contained and carried on after (counts since start)."""
+
+    #: store operations that could not be written and were left out (the sqlite store's
+    #: ``records_failed``; 0 for a store that keeps nothing)
+    store_records_failed: int
+    #: notification-hook implementations that raised, by (plugin, hook)
+    hook_failures: Mapping[tuple[str, str], int]
+    #: queue dispatches that raised, by (vhost, queue)
+    dispatch_failures: Mapping[tuple[str, str], int]
+
+
+@dataclass(frozen=True, slots=True)
 class ResourceInfo:
     """What the resource alarms measure (bytes; None where not known)."""
 
@@ -358,6 +371,16 @@ class BrokerAPI:
             AlarmInfo(a.name, a.detail, a.since)
             for a in sorted(self._b.alarms.values(), key=lambda a: a.since)
         ]
+
+    def failures(self) -> FailureInfo:
+        """The contained failures: store records left out, hook and dispatch exceptions
+        (O(plugins x hooks + queues that failed))."""
+        hooks = getattr(self._b.hooks, "hook_failures", None)
+        return FailureInfo(
+            store_records_failed=int(getattr(self._b.store, "records_failed", 0)),
+            hook_failures=MappingProxyType(dict(hooks) if isinstance(hooks, dict) else {}),
+            dispatch_failures=MappingProxyType(dict(self._b.dispatch_failures)),
+        )
 
     def resources(self) -> ResourceInfo:
         """The figures of the last memory and disk checks, and the process' RSS now."""

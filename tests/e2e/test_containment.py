@@ -6,15 +6,18 @@ confirms (py-amqp's ``confirm_publish``: each publish waits for its ack) and che
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import sys
 import types
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import amqp
 import pytest
-from brokerutil import drain_until
+from brokerutil import ADMIN_GUEST, drain_until
 from rawclient import RawClient, deep_header_properties, publish_frames
 
 from broker.codec.tables import MAX_DEPTH
@@ -67,6 +70,15 @@ def plugin_module() -> Iterator[types.ModuleType]:
 PLUGIN = "<plugins><plugin>containment_plugin</plugin></plugins>"
 
 
+def _admin(b: Any, path: str) -> Any:
+    """GET ``path`` from the broker's admin interface as guest (an administrator)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{b.running.admin.port}{path}")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        body = resp.read().decode()
+        return json.loads(body) if path.startswith("/api/") else body
+
+
 def _records(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if text in r.getMessage()]
 
@@ -94,7 +106,7 @@ def test_a_raising_notification_hook_is_contained(
     for fn in (broker_message_published, broker_message_delivered, broker_message_acked):
         setattr(plugin_module, fn.__name__, fn)
     caplog.set_level(logging.WARNING)
-    b = broker_factory(plugins=PLUGIN, store=True)
+    b = broker_factory(plugins=PLUGIN, store=True, admin=True, users=ADMIN_GUEST)
     by = Bystander(b)
     conn = connect(b, confirm_publish=True)
     try:
@@ -124,6 +136,21 @@ def test_a_raising_notification_hook_is_contained(
         assert "containment_plugin" in logged[0].getMessage()
     failures = b.call(lambda: dict(b.broker.hooks.hook_failures))
     assert failures[("containment_plugin", "broker_message_delivered")] == 20
+    # the admin's overview and metrics count them too
+    shown = _admin(b, "/api/overview")["failures"]
+    assert shown["hook_failures"] == sum(failures.values())
+    assert {
+        "plugin": "containment_plugin",
+        "hook": "broker_message_delivered",
+        "count": 20,
+    } in shown["hook_failures_by_plugin"]
+    assert shown["store_records_failed"] == 0 and shown["dispatch_failures"] == 0
+    metrics = _admin(b, "/metrics")
+    assert (
+        'plugbroker_hook_failures_total{plugin="containment_plugin",'
+        'hook="broker_message_delivered"} 20\n'
+    ) in metrics
+    assert "plugbroker_store_records_failed_total 0\n" in metrics
 
 
 def test_a_queue_whose_dispatch_raises_does_not_stall_the_others(
@@ -137,7 +164,7 @@ def test_a_queue_whose_dispatch_raises_does_not_stall_the_others(
 
     plugin_module.broker_select_consumer = broker_select_consumer  # type: ignore[attr-defined]
     caplog.set_level(logging.WARNING)
-    b = broker_factory(plugins=PLUGIN, store=True)
+    b = broker_factory(plugins=PLUGIN, store=True, admin=True, users=ADMIN_GUEST)
     by = Bystander(b)
     consumer = connect(b)
     try:
@@ -161,6 +188,16 @@ def test_a_queue_whose_dispatch_raises_does_not_stall_the_others(
         fails = b.call(lambda: dict(b.broker.dispatch_failures))
         assert fails.get(("/", "bad"), 0) >= 1 and ("/", "good") not in fails
         assert len(_records(caplog, "queue 'bad' in vhost '/': dispatch failed")) == 1
+        shown = _admin(b, "/api/overview")["failures"]
+        assert shown["dispatch_failures"] == fails[("/", "bad")]
+        assert shown["dispatch_failures_by_queue"] == [
+            {"vhost": "/", "queue": "bad", "count": fails[("/", "bad")]}
+        ]
+        metrics = _admin(b, "/metrics")
+        assert (
+            f'plugbroker_dispatch_failures_total{{vhost="/",queue="bad"}} {fails[("/", "bad")]}\n'
+            in metrics
+        )
     finally:
         consumer.close()
     by.check()
