@@ -350,12 +350,18 @@ class Broker:
         self.alarms[name] = Alarm(name, detail, self.clock.time())
         log.warning("resource alarm raised: %s: %s", name, detail)
         self._alarms_changed()
+        hook = self.hooks.alarm_changed
+        if hook is not None:
+            hook(name=name, raised=True, detail=detail)
 
     def clear_alarm(self, name: str, detail: str = "") -> None:
         if self.alarms.pop(name, None) is None:
             return
         log.warning("resource alarm cleared: %s%s", name, f": {detail}" if detail else "")
         self._alarms_changed()
+        hook = self.hooks.alarm_changed
+        if hook is not None:
+            hook(name=name, raised=False, detail=detail)
 
     def _alarms_changed(self) -> None:
         reason = blocked_reason(self.alarms)

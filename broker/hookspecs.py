@@ -151,6 +151,22 @@ def broker_config_reloaded(broker: BrokerAPI, config: BrokerConfig) -> None:
     """
 
 
+@hookspec
+def broker_alarm_changed(name: str, raised: bool, detail: str) -> None:
+    """A resource alarm was raised or cleared.
+
+    :param name: the alarm: ``"memory"``, ``"disk"`` or ``"store"``.
+    :param raised: True when it was raised (publishers are blocked while any alarm is raised),
+        False when it cleared.
+    :param detail: what was measured against which limit (raised), or why it cleared (may be
+        empty).
+
+    Called on the loop once per change, after the connections were blocked or unblocked; a
+    raised alarm whose detail changes does not call it again. An exception in an
+    implementation is contained (logged once, counted). Not firstresult.
+    """
+
+
 # -------------------------------------------------------------------------------------------------
 # Connection, queue and consumer notifications
 # -------------------------------------------------------------------------------------------------

@@ -74,13 +74,15 @@ BLOCK_ENV = "PLUGBROKER_BLOCK_PLUGINS"
 _PREFIX = "broker_"
 
 #: Notification hooks called while the broker serves clients (a message, a consumer, a queue
-#: or a connection changed): an exception in one is contained (see ``PluginHost._contained``),
-#: never propagated into the delivery, settle or close that fired it.
+#: or a connection changed, a resource alarm was raised or cleared): an exception in one is
+#: contained (see ``PluginHost._contained``), never propagated into the delivery, settle, close
+#: or alarm that fired it.
 CONTAINED_PREFIXES: tuple[str, ...] = (
     "broker_connection_",
     "broker_queue_",
     "broker_consumer_",
     "broker_message_",
+    "broker_alarm_",
 )
 
 #: Hooks the host calls itself instead of exposing an attribute for the core.
@@ -129,6 +131,7 @@ class PluginHost:
     startup: HookCaller | None
     shutdown: HookCaller | None
     config_reloaded: HookCaller | None
+    alarm_changed: HookCaller | None
     connection_opened: HookCaller | None
     connection_closed: HookCaller | None
     queue_declared: HookCaller | None
