@@ -37,8 +37,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"plugbroker: {exc}", file=sys.stderr)
         return 2
 
-    # Until the loop's handlers are in place a signal only leaves a note: SIGHUP's default
-    # action would end the process (exit 129) while the store is being recovered.
+    # Until the broker has started (store recovered, listeners open) a signal only leaves a
+    # note: SIGHUP's default action would end the process (exit 129) while the store is being
+    # recovered, and a reload then would race the start. The loop's handlers are installed once
+    # the start is complete; what was noted meanwhile is acted on right then, by this list, in
+    # the order of the code (no loop iterations counted).
     early: list[int] = []
     previous = _note_signals(early)
 
@@ -48,23 +51,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.info("event loop: %s", loop_name)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        running: Any = None
-
-        def reload() -> None:
-            if running is None:
-                log.warning("SIGHUP while starting: the configuration is read once started")
-                return
-            running.reload()
-
-        # before the store is opened and recovered: from here the loop takes the signals
-        # (they are handled once recovery, which holds the loop, is done)
-        install_signal_handlers(loop, stop.set, reload)
-        for sig in early:
-            if sig == signal.SIGHUP:
-                log.warning("SIGHUP while starting: ignored")
-            else:
-                log.warning("%s while starting: stopping once started", signal.Signals(sig).name)
-                stop.set()
         try:
             running = await start_broker(
                 path, host=args.host, port=args.port, accept_store_loss=args.accept_store_loss
@@ -79,6 +65,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"plugbroker: cannot listen: {exc}", file=sys.stderr)
             return 1
+        # started: from here the loop takes the signals; a signal noted before this line is
+        # in ``early`` (no await between the install and the read: none is lost or run twice)
+        install_signal_handlers(loop, stop.set, running.reload)
+        for sig in early:
+            if sig == signal.SIGHUP:
+                log.warning("SIGHUP while starting: ignored (the configuration was just read)")
+            else:
+                log.warning(
+                    "%s while starting: stopping now it has started", signal.Signals(sig).name
+                )
+                stop.set()
+        early.clear()
         where = f"{running.server.host}:{running.port}"
         if running.tls_port is not None and running.server.plain:
             where += f", amqps on port {running.tls_port}"

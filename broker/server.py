@@ -164,10 +164,6 @@ class Server:
         for a in acceptors:
             a.start()
         self.broker.acceptors.extend(acceptors)
-        # a few loop iterations, as loop.create_server takes: signal handlers noted while the
-        # store was being recovered (which holds the loop) run now, while still starting
-        for _ in range(3):
-            await asyncio.sleep(0)
         return acceptors, socks[0].getsockname()[1]
 
     async def start(self) -> None:
