@@ -63,11 +63,17 @@ def test_every_hook_is_called_by_the_core(broker_factory):
         b = broker_factory(CONFIG, plugins="<plugins><plugin>hook_recorder</plugin></plugins>")
         scenario(b)
         b.running.reload()  # broker_config_reloaded
+        b.call(lambda: b.broker.raise_alarm("memory", "test"))  # broker_alarm_changed
+        b.call(lambda: b.broker.clear_alarm("memory"))
         b.stop()  # broker_shutdown, connection closed
     finally:
         sys.modules.pop("hook_recorder", None)
     missing = [n for n in hookspec_names() if not calls.get(n)]
     assert missing == []
+    assert [(c["name"], c["raised"]) for c in calls["broker_alarm_changed"]] == [
+        ("memory", True),
+        ("memory", False),
+    ]
     # a few arguments, to be sure they are the right ones
     published = calls["broker_message_published"]
     assert any(c["exchange"] == "" and c["queues"] == ("plain",) for c in published)
