@@ -22,6 +22,7 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     "broker_startup": ("broker",),
     "broker_shutdown": ("broker",),
     "broker_config_reloaded": ("broker", "config"),
+    "broker_alarm_changed": ("name", "raised", "detail"),
     "broker_connection_opened": ("connection_id", "peer", "user", "vhost"),
     "broker_connection_closed": ("connection_id", "code", "text"),
     "broker_queue_declared": ("vhost", "queue", "durable", "arguments"),
