@@ -60,6 +60,9 @@ def test_alarm_changes_reach_a_plugin(broker_factory: Any, seen: list[Any]) -> N
         return SimpleNamespace(f_bavail=free["bytes"] // 4096, f_frsize=4096)
 
     b.call(lambda: setattr(b.broker.monitor, "statvfs", statvfs))
+    # the memory alarm is raised and cleared by hand below: the monitor's own memory check
+    # (every 100 ms) must not clear it in between
+    b.call(lambda: setattr(b.broker.monitor, "high_watermark", None))
     blocked: list[Any] = []
     pub = _connect(
         b,
