@@ -3,7 +3,7 @@
     python3 bench/analyze_bench.py [--events 10000000] [--dir /tmp/plugbroker-bench-journal]
         [--reuse] [--backtest] [--driver-memory 4g] [--master local[*]]
 
-Generates the journal with ``broker.analyze.synth`` (timed separately; ``--reuse`` keeps one
+Generates the journal with ``plugbroker.analyze.synth`` (timed separately; ``--reuse`` keeps one
 already there), then runs ``plugbroker analyze report`` on it and prints both times and the
 rate in events per second. The target is 10 million events in under 90 s on a 2-core machine.
 With ``--backtest`` it also times a backtest of a candidate config over the same journal.
@@ -49,7 +49,7 @@ def main() -> None:
     journal = Path(args.dir)
     gen_s = None
     if not (args.reuse and journal.exists()):
-        from broker.analyze.synth import generate
+        from plugbroker.analyze.synth import generate
 
         shutil.rmtree(journal, ignore_errors=True)
         t = time.monotonic()
@@ -60,8 +60,8 @@ def main() -> None:
             f"({summary['files']} files, {_size(journal) / 1e6:.0f} MB)",
             flush=True,
         )
-    from broker.analyze import report
-    from broker.analyze.spark import get_spark
+    from plugbroker.analyze import report
+    from plugbroker.analyze.spark import get_spark
 
     t = time.monotonic()
     spark = get_spark(args.master, {"spark.driver.memory": args.driver_memory})
@@ -79,7 +79,7 @@ def main() -> None:
     if gen_s is not None:
         print(f"generation: {gen_s:.1f} s")
     if args.backtest:
-        from broker.analyze import backtest
+        from plugbroker.analyze import backtest
 
         cand = out / "candidate.xml"
         cand.write_text(CANDIDATE)

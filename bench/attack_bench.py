@@ -168,7 +168,7 @@ def main() -> None:
         [
             sys.executable,
             "-m",
-            "broker",
+            "plugbroker",
             "--log-level",
             "ERROR",
             "run",

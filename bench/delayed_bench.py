@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.app import Broker
-from broker.codec import properties as P
-from broker.config import ConfigElementRegistry, parse_config
-from broker.domain.message import Message
-from broker.domain.vhost import VirtualHost
+from plugbroker.app import Broker
+from plugbroker.codec import properties as P
+from plugbroker.config import ConfigElementRegistry, parse_config
+from plugbroker.domain.message import Message
+from plugbroker.domain.vhost import VirtualHost
 
 
 def main() -> None:

@@ -102,7 +102,7 @@ class Broker:
         self.log_path = self.tmp / "broker.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "run", "--config", str(config)]
+            [sys.executable, "-m", "plugbroker", "run", "--config", str(config)]
             + ["--port", str(self.port)],
             cwd=ROOT,
             env=dict(os.environ, PYTHONPATH=str(ROOT)),

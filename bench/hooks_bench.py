@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pluggy
 
-from broker import hookspecs
-from broker.hookimpl import PROJECT_NAME, hookimpl
-from broker.pluginhost import PluginHost
+from plugbroker import hookspecs
+from plugbroker.hookimpl import PROJECT_NAME, hookimpl
+from plugbroker.pluginhost import PluginHost
 
 
 class _Message:

@@ -3,7 +3,7 @@
     python3 bench/journal_bench.py [--messages 100000] [--rounds 3] [--size 100]
         [--prefetch 500] [--ack-every 1]
 
-Starts the broker as a subprocess (``python3 -m broker run``) on a free loopback port, once with
+Starts the broker as a subprocess (``python3 -m plugbroker run``) on a free loopback port, once with
 ``<journal path=...>`` and once without, alternating for ``--rounds`` rounds, and drives it with
 two py-amqp client processes: a publisher (no confirms, the broker's flow control paces it) and a
 consumer (prefetch ``--prefetch``, a manual ack per message, or a ``multiple`` ack every
@@ -52,7 +52,7 @@ def start_broker(workdir: Path, journal: bool) -> tuple[subprocess.Popen[bytes],
     cfg = workdir / "bench.xml"
     cfg.write_text(CONFIG.format(port=port, journal=jel))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--log-level", "WARNING", "run", "--config", str(cfg)],
+        [sys.executable, "-m", "plugbroker", "--log-level", "WARNING", "run", "--config", str(cfg)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -141,7 +141,7 @@ def one_round(journal: bool, args: argparse.Namespace) -> float:
     finally:
         stop_broker(proc)
     if journal:
-        from plugins.journal import read_journal
+        from plugbroker.plugins.journal import read_journal
 
         t = read_journal(workdir / "journal", columns=["event", "queue"])
         events = t.column("event").to_pylist()

@@ -27,7 +27,7 @@ poison dead letter. Then, per scenario:
   period (200 ms for isolation, 500 ms for the slow-consumer check).
 
 The poison scenario runs whatever the broker is; a broker without poison detection
-(``broker.policy.DeadLetterPoison``) reports it as ``not yet detected`` and it does not count as
+(``plugbroker.policy.DeadLetterPoison``) reports it as ``not yet detected`` and it does not count as
 a miss. Every loop is bounded in count and time; no traffic leaves 127.0.0.1.
 """
 
@@ -58,8 +58,8 @@ import amqp  # noqa: E402
 import kombu  # noqa: E402
 from brokerutil import BrokerThread, write_config  # noqa: E402
 
-import broker.policy  # noqa: E402
-from broker.hookimpl import hookimpl  # noqa: E402
+import plugbroker.policy  # noqa: E402
+from plugbroker.hookimpl import hookimpl  # noqa: E402
 
 #: the scaled configuration; the docs recommend ackTimeout >= 5 min, checks every 30 s
 ACK_TIMEOUT = 1.0
@@ -94,7 +94,7 @@ SCALE = (
 
 def poison_detection_available() -> bool:
     """Whether this broker dead-letters poison messages (issue 14, item 6)."""
-    return hasattr(broker.policy, "DeadLetterPoison")
+    return hasattr(plugbroker.policy, "DeadLetterPoison")
 
 
 # ------------------------------------------------------------------------------------ observing
@@ -126,7 +126,7 @@ class Recorder:
         )
 
     @hookimpl
-    def broker_policy_action(self, action: broker.policy.Action, outcome: str) -> None:
+    def broker_policy_action(self, action: plugbroker.policy.Action, outcome: str) -> None:
         tag = str(getattr(action, "consumer_tag", ""))
         what = f"{type(action).__name__} {outcome} ({action.threshold or action.reason})"
         self.events.append(Event(time.monotonic(), "action", action.queue, tag, what))
@@ -531,7 +531,7 @@ app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logg
                 # a tenth of a second here (docs/celery.md)
                 worker_timer_precision=0.1)
 if os.environ.get("PP_TOUCH"):
-    from broker.contrib.celery import install
+    from plugbroker.contrib.celery import install
     install(app)
 
 

@@ -2,10 +2,10 @@
 
 Two measurements, each the best of ``--repeat`` runs over ``--count`` messages:
 
-* ``codec``: :class:`broker.codec.ServerCodec` parses a buffer of ``basic.publish`` (method,
+* ``codec``: :class:`plugbroker.codec.ServerCodec` parses a buffer of ``basic.publish`` (method,
   content header, 64-byte body) and a buffer of ``basic.ack`` frames; ns per event.
-* ``session``: one :class:`broker.session.Connection` over a fake transport, a
-  :class:`broker.app.Broker` on a manual clock. ``publish`` feeds the publishes (parse, dispatch,
+* ``session``: one :class:`plugbroker.session.Connection` over a fake transport, a
+  :class:`plugbroker.app.Broker` on a manual clock. ``publish`` feeds the publishes (parse, dispatch,
   route, enqueue); ``deliver`` starts a consumer and runs the turn that delivers them all;
   ``ack`` feeds one ``basic.ack`` per delivery. µs per message.
 * ``requeue``: the same queue delivered to a consumer that is then cancelled; ``reject`` feeds
@@ -33,12 +33,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.app import Broker
-from broker.clock import ManualClock
-from broker.codec import NEED_DATA, ServerCodec
-from broker.codec.methods import BY_NAME, encode_args
-from broker.config import parse_config
-from broker.session import Connection
+from plugbroker.app import Broker
+from plugbroker.clock import ManualClock
+from plugbroker.codec import NEED_DATA, ServerCodec
+from plugbroker.codec.methods import BY_NAME, encode_args
+from plugbroker.config import parse_config
+from plugbroker.session import Connection
 
 CONFIG = r"""<broker>
   <users>

@@ -4,7 +4,7 @@
 
 Builds a broker in-process (no sockets), declares the queues, each bound to amq.topic under a
 <topic> policy with every threshold set, fills them, gives every tenth queue a consumer, then
-times ``Broker.snapshot()`` and ``plugins.slow_consumer.evaluate`` separately. What it prints is
+times ``Broker.snapshot()`` and ``plugbroker.plugins.slow_consumer.evaluate`` separately. What it prints is
 the cost of one housekeeping check; it must not grow with the number of messages.
 """
 
@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.app import Broker
-from broker.clock import ManualClock
-from broker.codec import properties as P
-from broker.config import parse_config
-from broker.domain.message import Message
-from plugins.slow_consumer import delete_policy, evaluate, log_policy
+from plugbroker.app import Broker
+from plugbroker.clock import ManualClock
+from plugbroker.codec import properties as P
+from plugbroker.config import parse_config
+from plugbroker.domain.message import Message
+from plugbroker.plugins.slow_consumer import delete_policy, evaluate, log_policy
 
 CONFIG = """<broker><virtualhost name="/">
   <topic key="bench.#"><consumer>

@@ -14,7 +14,7 @@ Phases (``--mode``), each run for every body size (``--size``, default 64 and 10
   faster than the broker this is latency under saturation (queueing included).
 
 Broker CPU is read from ``/proc/<pid>/stat`` (utime + stime, all threads) before and after each
-phase. Without ``--url`` the script starts plugbroker itself (``python3 -m broker run`` on a free
+phase. Without ``--url`` the script starts plugbroker itself (``python3 -m plugbroker run`` on a free
 port with a temporary config whose housekeeping section is the default one) and knows its pid;
 with ``--url`` pass ``--broker-pid`` (e.g. RabbitMQ's ``beam.smp``) to get the CPU column.
 
@@ -149,7 +149,7 @@ class OwnBroker:
             [
                 sys.executable,
                 "-m",
-                "broker",
+                "plugbroker",
                 "run",
                 "--config",
                 str(self.config),

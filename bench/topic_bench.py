@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from broker.routing import match_words
+from plugbroker.routing import match_words
 
 
 def _per_match(pattern: list[str], key: list[str], n: int) -> float:

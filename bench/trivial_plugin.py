@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.hookimpl import hookimpl
+from plugbroker.hookimpl import hookimpl
 
 
 @hookimpl

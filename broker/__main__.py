@@ -1,3 +1,3 @@
-from broker.cli import main
+from plugbroker.cli import main
 
 raise SystemExit(main())

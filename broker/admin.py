@@ -2,7 +2,7 @@
 
 Enabled by ``<admin host="127.0.0.1" port="15672"/>`` (HTTPS with a ``<tls>`` child). This
 module holds the operations (:class:`Admin`, on the core API only) and the metrics text;
-:mod:`broker.admin_http` serves them with aiohttp on the broker's event loop, so every read and
+:mod:`plugbroker.admin_http` serves them with aiohttp on the broker's event loop, so every read and
 every change runs on the loop, sees a consistent state and never races it. Requests
 authenticate with HTTP Basic as a configured broker user.
 
@@ -34,20 +34,20 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from broker.core.api import BrokerAPI, ConsumerInfo, LimitsInfo, NotFound, QueueInfo
-from broker.hookimpl import hookimpl
+from plugbroker.core.api import BrokerAPI, ConsumerInfo, LimitsInfo, NotFound, QueueInfo
+from plugbroker.hookimpl import hookimpl
 
 if TYPE_CHECKING:
-    from broker.config import BrokerConfig
-    from broker.policy import Action
+    from plugbroker.config import BrokerConfig
+    from plugbroker.policy import Action
 
-log = logging.getLogger("broker.admin")
+log = logging.getLogger("plugbroker.admin")
 
 T = TypeVar("T")
 
 
 class Reloader(Protocol):
-    """What a reload needs from the process that runs the broker (``broker.runner.Running``)."""
+    """What a reload needs from the process that runs the broker (``plugbroker.runner.Running``)."""
 
     def prepare_reload(self) -> BrokerConfig | None:
         """Read and validate the configuration file (any thread); None if it did not validate."""
@@ -268,7 +268,7 @@ class Admin:
     ) -> dict[str, Any]:
         """Move the ready messages of a dead-letter queue back to the queue each came from
         (``REAL_TOPIC``, else the last ``x-death`` queue). Messages whose origin is unknown or
-        gone stay where they are. See :meth:`broker.core.api.BrokerAPI.redrive` for the
+        gone stay where they are. See :meth:`plugbroker.core.api.BrokerAPI.redrive` for the
         options."""
 
         def run() -> dict[str, Any]:

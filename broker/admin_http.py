@@ -1,7 +1,7 @@
 """The admin interface over HTTP(S): aiohttp's server on the broker's own event loop.
 
 :class:`AdminServer` listens on ``<admin host port>`` (HTTPS when ``<admin>`` has a ``<tls>``
-child) and answers the paths listed in :mod:`broker.admin` with :class:`broker.admin.Admin`'s
+child) and answers the paths listed in :mod:`plugbroker.admin` with :class:`plugbroker.admin.Admin`'s
 operations, which run on the loop directly: a request never waits for another thread, and a
 reload reads its file in the loop's executor so the loop never blocks on disk.
 
@@ -43,11 +43,11 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_protocol import RequestHandler
 
-from broker.admin import Admin, AdminError, Reloader
-from broker.core.api import BrokerAPI, UserInfo
-from broker.tls import TLSAcceptor
+from plugbroker.admin import Admin, AdminError, Reloader
+from plugbroker.core.api import BrokerAPI, UserInfo
+from plugbroker.tls import TLSAcceptor
 
-log = logging.getLogger("broker.admin")
+log = logging.getLogger("plugbroker.admin")
 
 __all__ = ["ENDPOINTS", "AdminServer", "HttpLimits", "Principal"]
 
@@ -369,7 +369,7 @@ class AdminServer:
         ctype = UI_FILES.get(name)
         if ctype is None:
             return _json(404, {"error": f"no such file: {path}"})
-        data = (resources.files("broker") / "admin_ui" / name).read_bytes()
+        data = (resources.files("plugbroker") / "admin_ui" / name).read_bytes()
         return web.Response(body=data, content_type=ctype, charset="utf-8", headers=UI_HEADERS)
 
     def _track(self, fut: asyncio.Future[None]) -> None:

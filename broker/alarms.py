@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from broker.app import Broker
+    from plugbroker.app import Broker
 
-log = logging.getLogger("broker.alarms")
+log = logging.getLogger("plugbroker.alarms")
 
 #: the alarm names and the resource each one blocks for
 MEMORY = "memory"

@@ -19,30 +19,30 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from broker.alarms import STORE, Alarm, ResourceMonitor, blocked_reason
-from broker.budget import Budgets
-from broker.clock import Clock, SystemClock
-from broker.config.users import Permission, is_loopback
-from broker.core.access import revoke_lost_access
-from broker.core.api import BrokerAPI
-from broker.domain import fate
-from broker.domain.message import MessageIds
-from broker.domain.queue import SHARED, Queue
-from broker.domain.timers import Timers
-from broker.domain.vhost import NoHooks, VirtualHost
-from broker.errors import RESOURCE_ERROR
-from broker.guard import Acceptor, LoginThrottle
-from broker.policy import (
+from plugbroker.alarms import STORE, Alarm, ResourceMonitor, blocked_reason
+from plugbroker.budget import Budgets
+from plugbroker.clock import Clock, SystemClock
+from plugbroker.config.users import Permission, is_loopback
+from plugbroker.core.access import revoke_lost_access
+from plugbroker.core.api import BrokerAPI
+from plugbroker.domain import fate
+from plugbroker.domain.message import MessageIds
+from plugbroker.domain.queue import SHARED, Queue
+from plugbroker.domain.timers import Timers
+from plugbroker.domain.vhost import NoHooks, VirtualHost
+from plugbroker.errors import RESOURCE_ERROR
+from plugbroker.guard import Acceptor, LoginThrottle
+from plugbroker.policy import (
     Action,
     ConsumerView,
     QueueView,
     Snapshot,
 )
-from broker.store import MemoryStore, Store
+from plugbroker.store import MemoryStore, Store
 
 if TYPE_CHECKING:
-    from broker.config import BrokerConfig
-    from broker.session import Connection
+    from plugbroker.config import BrokerConfig
+    from plugbroker.session import Connection
 
 log = logging.getLogger("broker")
 
@@ -440,7 +440,7 @@ class Broker:
 
     def reload(self, config: BrokerConfig) -> None:
         """Apply a new (already validated) configuration to the running queues, and close
-        what users lost (:mod:`broker.core.access`)."""
+        what users lost (:mod:`plugbroker.core.access`)."""
         old, self.config = self.config, config
         for line in revoke_lost_access(self.api, old, config):
             log.warning("reload: closed %s", line)
@@ -562,7 +562,7 @@ class Broker:
         return view
 
     def apply_actions(self, actions: Sequence[Action]) -> list[str]:
-        """Apply policy actions on the loop (see :mod:`broker.core.actions`)."""
+        """Apply policy actions on the loop (see :mod:`plugbroker.core.actions`)."""
         return self.api.apply_actions(actions)
 
     # ------------------------------------------------------------------ shutdown

@@ -7,16 +7,16 @@ is not applied: its outcome is ``deferred`` (logged, reported to ``broker_policy
 journaled).
 
 Which actions count (:func:`counts`): every action that changes what a client sees, except
-:class:`~broker.policy.LogOnly` and :class:`~broker.policy.Spared` (they change nothing) and
-:class:`~broker.policy.ReleaseConsumer` (it undoes an isolation; deferring it would prolong
+:class:`~plugbroker.policy.LogOnly` and :class:`~plugbroker.policy.Spared` (they change nothing) and
+:class:`~plugbroker.policy.ReleaseConsumer` (it undoes an isolation; deferring it would prolong
 the harm the budget is there to bound).
 
 Which consumers an action affects: the one it names (``consumer_tag`` and ``connection_id``),
 or, for an action on the whole queue (a channel close, a queue delete), every consumer of the
 queue when it is applied. A consumer already affected within the window is not counted again.
 
-This module is plain Python with no broker import: the core (:mod:`broker.core.actions`) and
-the backtest (:mod:`broker.analyze.replay`) apply the same budget.
+This module is plain Python with no broker import: the core (:mod:`plugbroker.core.actions`) and
+the backtest (:mod:`plugbroker.analyze.replay`) apply the same budget.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from broker.policy import Action, LogOnly, ReleaseConsumer, Spared
+from plugbroker.policy import Action, LogOnly, ReleaseConsumer, Spared
 
 __all__ = ["EXEMPT", "WINDOW", "Budget", "Budgets", "ConsumerKey", "counts"]
 

@@ -1,4 +1,4 @@
-"""The ``plugbroker`` command (also ``python -m broker``)."""
+"""The ``plugbroker`` command (also ``python -m plugbroker``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ log = logging.getLogger("broker")
 def _setup_logging(level: str, fmt: str = "text") -> None:
     handler = logging.StreamHandler()
     if fmt == "json":
-        from broker.logjson import JsonFormatter
+        from plugbroker.logjson import JsonFormatter
 
         handler.setFormatter(JsonFormatter())
     else:
@@ -26,9 +26,9 @@ def _setup_logging(level: str, fmt: str = "text") -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from broker.config import ConfigError, default_config_path
-    from broker.registry import PluginError
-    from broker.runner import LoopError, loop_factory, start_broker, uses_tls
+    from plugbroker.config import ConfigError, default_config_path
+    from plugbroker.registry import PluginError
+    from plugbroker.runner import LoopError, loop_factory, start_broker, uses_tls
 
     path = Path(args.config) if args.config else default_config_path()
     try:
@@ -46,7 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     previous = _note_signals(early)
 
     async def main() -> int:
-        from broker.server import install_signal_handlers
+        from plugbroker.server import install_signal_handlers
 
         log.info("event loop: %s", loop_name)
         loop = asyncio.get_running_loop()
@@ -118,7 +118,7 @@ def cmd_hash_password(args: argparse.Namespace) -> int:
     """Print a ``passwordHash`` for ``<user>``: RabbitMQ's format (``rabbitmqctl
     hash_password`` prints the same kind of value), from the argument or the first line of
     standard input."""
-    from broker.config.users import hash_password
+    from plugbroker.config.users import hash_password
 
     password = args.password
     if password is None:
@@ -133,9 +133,9 @@ def cmd_hash_password(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from broker.config import ConfigError, load_config
-    from broker.registry import PluginError
-    from broker.runner import load_plugins
+    from plugbroker.config import ConfigError, load_config
+    from plugbroker.registry import PluginError
+    from plugbroker.runner import load_plugins
 
     path = Path(args.file)
     try:
@@ -502,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cacert", help="PEM file of the CA that signed the admin server's certificate (https)"
     )
     a.set_defaults(func=cmd_admin)
-    from broker.analyze.cli import add_subparsers as add_analyze
+    from plugbroker.analyze.cli import add_subparsers as add_analyze
 
     add_analyze(sub)
     return p

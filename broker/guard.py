@@ -23,7 +23,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from broker.clock import Clock
+from plugbroker.clock import Clock
 
 #: accept() errors that mean "out of a resource": back off instead of spinning
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})

@@ -1,13 +1,13 @@
 """The marker plugins decorate their hook implementations with.
 
-Kept apart from :mod:`broker.hookspecs` so a plugin module imports one small name::
+Kept apart from :mod:`plugbroker.hookspecs` so a plugin module imports one small name::
 
-    from broker.hookimpl import hookimpl
+    from plugbroker.hookimpl import hookimpl
 
     @hookimpl
     def broker_queue_deleted(vhost: str, queue: str, reason: str) -> None: ...
 
-Built-in plugins (``broker.pluginhost.BUILTIN_PLUGINS``) write ``@hookimpl(trylast=True)`` so that
+Built-in plugins (``plugbroker.pluginhost.BUILTIN_PLUGINS``) write ``@hookimpl(trylast=True)`` so that
 a third-party implementation of the same hook runs first and, for a firstresult hook, wins.
 """
 

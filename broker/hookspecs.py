@@ -1,7 +1,7 @@
 """Every hook plugbroker calls, in one place.
 
-A plugin implements any subset of these with ``@hookimpl`` (:mod:`broker.hookimpl`); the core
-calls them only through :class:`broker.pluginhost.PluginHost`. Three kinds of hook:
+A plugin implements any subset of these with ``@hookimpl`` (:mod:`plugbroker.hookimpl`); the core
+calls them only through :class:`plugbroker.pluginhost.PluginHost`. Three kinds of hook:
 
 - **notifications** (plain hooks): every implementation is called, results are ignored. They say
   what happened; they cannot change it.
@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
-from broker.hookimpl import PROJECT_NAME
+from plugbroker.hookimpl import PROJECT_NAME
 
 if TYPE_CHECKING:
-    from broker.config import BrokerConfig, ConfigElementRegistry
-    from broker.core.api import BrokerAPI
-    from broker.decisions import DeadLetterTarget, RejectDecision
-    from broker.policy import Action
-    from broker.registry import Registrar
+    from plugbroker.config import BrokerConfig, ConfigElementRegistry
+    from plugbroker.core.api import BrokerAPI
+    from plugbroker.decisions import DeadLetterTarget, RejectDecision
+    from plugbroker.policy import Action
+    from plugbroker.registry import Registrar
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 
@@ -72,11 +72,11 @@ def broker_add_config_elements(registry: ConfigElementRegistry) -> None:
     ``<topic>`` and resolves per queue (its value reaches policies as
     ``QueueView.policy[element_name]``); with ``level="broker"`` an element directly under
     ``<broker>`` (its value lands in ``BrokerConfig.extensions``). ``parser(element, ctx)``
-    returns the parsed value (``ctx`` is a ``broker.config.ParseContext``). Policy names need no
+    returns the parsed value (``ctx`` is a ``plugbroker.config.ParseContext``). Policy names need no
     declaring here: the host declares every policy registered in ``broker_register``. The
     built-in plugins register ``<consumer>``, ``<isolation>`` and ``<deadLetter>`` here too.
 
-    :param registry: the configuration element registry (``broker.config.ConfigElementRegistry``).
+    :param registry: the configuration element registry (``plugbroker.config.ConfigElementRegistry``).
 
     Called once per configuration load (at start and on every reload), after the plugins are
     registered and before the XML file is parsed. Not firstresult.
@@ -87,11 +87,11 @@ def broker_add_config_elements(registry: ConfigElementRegistry) -> None:
 def broker_configure(config: BrokerConfig) -> None:
     """Validate the plugin's sections of a freshly parsed configuration.
 
-    Raise ``broker.config.ConfigError`` naming the file, the element and what is wrong to refuse
+    Raise ``plugbroker.config.ConfigError`` naming the file, the element and what is wrong to refuse
     the configuration: at start the broker does not start, on reload the running configuration is
     kept.
 
-    :param config: the parsed configuration (``broker.config.BrokerConfig``); read-only.
+    :param config: the parsed configuration (``plugbroker.config.BrokerConfig``); read-only.
 
     Called after parsing and schema validation, at start and on every reload, before the
     configuration is put into effect. Not firstresult.
@@ -104,12 +104,12 @@ def broker_register(registry: Registrar) -> None:
 
     ``registry.register_policy(name, policy)`` makes ``<policy name="...">`` usable in the XML;
     ``registry.register_policy_job(name, evaluate, section=..., period=..., period_key=...)``
-    adds a policy job (:class:`broker.policy.Policy`), which the housekeeping pool runs and the
+    adds a policy job (:class:`plugbroker.policy.Policy`), which the housekeeping pool runs and the
     backtest replays; ``registry.register_job(name, func, period=..., period_key=...)`` adds a
     plain job for periodic work that is not a policy. A name that another plugin already
     registered is refused with an error naming both plugins.
 
-    :param registry: a :class:`broker.registry.Registrar` bound to this plugin, so everything
+    :param registry: a :class:`plugbroker.registry.Registrar` bound to this plugin, so everything
         registered is attributed to it (error messages, logs, ``unregister``).
 
     Called by the plugin host once per plugin, right after the plugin is registered. Not
@@ -121,7 +121,7 @@ def broker_register(registry: Registrar) -> None:
 def broker_startup(broker: BrokerAPI) -> None:
     """The broker has started: listeners are open and the housekeeping pool is running.
 
-    :param broker: the core API of the running broker (:class:`broker.core.api.BrokerAPI`):
+    :param broker: the core API of the running broker (:class:`plugbroker.core.api.BrokerAPI`):
         views of its queues, consumers and connections, and the commands a plugin may give.
         Keep it to use from later hooks; it stays valid until ``broker_shutdown``.
 
@@ -133,7 +133,7 @@ def broker_startup(broker: BrokerAPI) -> None:
 def broker_shutdown(broker: BrokerAPI) -> None:
     """The broker is stopping: connections are closed, the store is still open.
 
-    :param broker: the core API of the stopping broker (:class:`broker.core.api.BrokerAPI`).
+    :param broker: the core API of the stopping broker (:class:`plugbroker.core.api.BrokerAPI`).
 
     Called once, on the loop, during a graceful shutdown (not after a kill). Not firstresult.
     """
@@ -143,8 +143,8 @@ def broker_shutdown(broker: BrokerAPI) -> None:
 def broker_config_reloaded(broker: BrokerAPI, config: BrokerConfig) -> None:
     """A new configuration passed validation and is now in effect.
 
-    :param broker: the core API of the running broker (:class:`broker.core.api.BrokerAPI`).
-    :param config: the configuration now in effect (``broker.config.BrokerConfig``).
+    :param broker: the core API of the running broker (:class:`plugbroker.core.api.BrokerAPI`).
+    :param config: the configuration now in effect (``plugbroker.config.BrokerConfig``).
 
     Called on the loop after a reload (SIGHUP or the admin command) succeeded; a reload that
     failed validation does not call it. Not firstresult.
@@ -573,7 +573,7 @@ def broker_reject_decision(
     :param message: the message; read-only.
     :param requeue: the requeue flag the client sent.
     :param delivery_count: how many times it was delivered so far.
-    :return: a :class:`broker.decisions.RejectDecision`, or ``None`` for the AMQP default
+    :return: a :class:`plugbroker.decisions.RejectDecision`, or ``None`` for the AMQP default
         (requeue at once when ``requeue`` is true, otherwise dead-letter if the queue has a
         target, else drop).
 
@@ -646,7 +646,7 @@ def broker_dead_letter_target(
     :param queue: the queue the message dies in.
     :param message: the message; read-only.
     :param reason: ``"rejected"``, ``"expired"``, ``"maxlen"`` or ``"delivery_limit"``.
-    :return: a :class:`broker.decisions.DeadLetterTarget` (exchange, routing key, extra headers,
+    :return: a :class:`plugbroker.decisions.DeadLetterTarget` (exchange, routing key, extra headers,
         and a durable queue to declare first if missing), or ``None`` for the queue's
         ``x-dead-letter-exchange`` argument (or a drop when it has none).
 
@@ -664,7 +664,7 @@ def broker_dead_letter_target(
 def broker_policy_action(action: Action, outcome: str) -> None:
     """The core dealt with an action a policy asked for.
 
-    :param action: the :class:`broker.policy.Action` (its ``policy``, ``reason``, ``threshold``,
+    :param action: the :class:`plugbroker.policy.Action` (its ``policy``, ``reason``, ``threshold``,
         ``configured`` and ``measured`` say who asked and why).
     :param outcome: ``"applied"``; ``"spared"`` (not applied by rule, e.g. a durable queue
         without ``delete-persistent``); or ``"stale"`` (the queue or consumer it named no longer

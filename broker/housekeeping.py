@@ -5,9 +5,9 @@ scheduled pool so "any error in their operation does not prevent them from runni
 defined schedule"), built on APScheduler 3.x.
 
 **The snapshot pattern.** A job runs on a pool thread, never on the broker's loop. The pool runs
-two kinds (see :mod:`broker.registry`):
+two kinds (see :mod:`plugbroker.registry`):
 
-- a **policy job** (a :class:`~broker.policy.Policy`) is run by the pool itself, always the same
+- a **policy job** (a :class:`~plugbroker.policy.Policy`) is run by the pool itself, always the same
   way: a snapshot of the queues of its section is taken *on the loop*
   (``BrokerHandle.snapshot``), the policy computes actions from it *on the pool thread*, with
   its state kept across runs and the registry's named policies, and the actions are applied
@@ -38,7 +38,7 @@ both: APScheduler 3 reads ``datetime.now()`` and waits on real events, so a test
 raised and still ran at its next period while job B hung" through it would sleep for periods.
 The behaviour worth testing — error isolation, skip-while-running, per-job period, per-job state
 — lives in the runner both drivers call, so the tests drive it in milliseconds with a
-:class:`~broker.clock.ManualClock`, and one test runs the real scheduler with sub-second periods.
+:class:`~plugbroker.clock.ManualClock`, and one test runs the real scheduler with sub-second periods.
 :meth:`Housekeeping.run_job` runs one job now, in the calling thread (admin "run now", tests).
 
 **Daemon threads.** The pool's workers are daemon threads (a small pool written here rather than
@@ -64,20 +64,20 @@ from apscheduler.executors.pool import BasePoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from broker.policy import DEFERRED, ActionSink, SnapshotSource
-from broker.registry import Job, JobSpec, PluginError, PolicyJobSpec, resolve_period
+from plugbroker.policy import DEFERRED, ActionSink, SnapshotSource
+from plugbroker.registry import Job, JobSpec, PluginError, PolicyJobSpec, resolve_period
 
 if TYPE_CHECKING:
-    from broker.clock import Clock
-    from broker.policy import Action, NamedPolicy, Snapshot
-    from broker.registry import Registry
+    from plugbroker.clock import Clock
+    from plugbroker.policy import Action, NamedPolicy, Snapshot
+    from plugbroker.registry import Registry
 
 log = logging.getLogger(__name__)
 
 
 class BrokerHandle(SnapshotSource, ActionSink, Protocol):
-    """What the housekeeping pool needs from the broker (``broker.app`` implements it): a
-    :class:`~broker.policy.SnapshotSource` and :class:`~broker.policy.ActionSink` with a clock
+    """What the housekeeping pool needs from the broker (``plugbroker.app`` implements it): a
+    :class:`~plugbroker.policy.SnapshotSource` and :class:`~plugbroker.policy.ActionSink` with a clock
     and a way onto its loop.
 
     ``snapshot`` and ``apply_actions`` run on the broker's loop; jobs reach them only through
@@ -188,7 +188,7 @@ class JobContext:
     def policy(self, name: str) -> NamedPolicy:
         """The named policy registered under ``name`` (by any plugin); PluginError if none is.
 
-        This is the :data:`~broker.policy.PolicyLookup` a policy job gets as ``policies``."""
+        This is the :data:`~plugbroker.policy.PolicyLookup` a policy job gets as ``policies``."""
         return self._registry.policy(name)
 
     def _check(self) -> None:

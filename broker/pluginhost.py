@@ -1,6 +1,6 @@
 """The broker's one door to pluggy: loads plugins, validates them, and exposes the hooks.
 
-Core code never touches ``pm.hook``. For every hook ``broker_X`` in :mod:`broker.hookspecs` the
+Core code never touches ``pm.hook``. For every hook ``broker_X`` in :mod:`plugbroker.hookspecs` the
 host has an attribute ``X`` holding the hook's :class:`pluggy.HookCaller` while at least one
 plugin implements it, and ``None`` while none does. The attributes are recomputed whenever a
 plugin is registered or unregistered, so the hot path pays one attribute load and one ``is None``
@@ -12,7 +12,7 @@ test for a hook nobody listens to::
 
 A firstresult caller returns the first non-``None`` result (or ``None``). The one exception is
 ``broker_register``: the host calls it itself, once per plugin as that plugin is registered, with a
-:class:`~broker.registry.Registrar` bound to the plugin (so clashes and job failures name it).
+:class:`~plugbroker.registry.Registrar` bound to the plugin (so clashes and job failures name it).
 
 Where plugins come from, in this order (the same hooks for all of them):
 
@@ -44,14 +44,14 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from broker import hookspecs
-from broker.hookimpl import PROJECT_NAME
-from broker.registry import PluginError, Registry, unknown_policy_message
+from plugbroker import hookspecs
+from plugbroker.hookimpl import PROJECT_NAME
+from plugbroker.registry import PluginError, Registry, unknown_policy_message
 
 if TYPE_CHECKING:
     from pluggy import HookCaller
 
-    from broker.config import ConfigElementRegistry
+    from plugbroker.config import ConfigElementRegistry
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,10 @@ log = logging.getLogger(__name__)
 #: hooks third parties use. Their hookimpls should use ``@hookimpl(trylast=True)`` so that a
 #: user's plugin runs first and wins firstresult decisions.
 BUILTIN_PLUGINS: tuple[str, ...] = (
-    "plugins.slow_consumer",
-    "plugins.isolation",
-    "plugins.dead_letter",
-    "plugins.journal",
+    "plugbroker.plugins.slow_consumer",
+    "plugbroker.plugins.isolation",
+    "plugbroker.plugins.dead_letter",
+    "plugbroker.plugins.journal",
 )
 
 #: Entry point group under which installed distributions announce plugin modules.
@@ -105,7 +105,7 @@ def instantiate(plugin: object) -> object:
 
 
 def hookspec_names() -> tuple[str, ...]:
-    """Names of every hook spec in :mod:`broker.hookspecs`, in source order."""
+    """Names of every hook spec in :mod:`plugbroker.hookspecs`, in source order."""
     marker = f"{PROJECT_NAME}_spec"
     specs = [
         (fn.__code__.co_firstlineno, name)
@@ -255,11 +255,11 @@ class PluginHost:
     def config_registry(self) -> ConfigElementRegistry:
         """The configuration language the registered plugins add, built as every load needs it.
 
-        A fresh :class:`~broker.config.ConfigElementRegistry` filled by every plugin's
+        A fresh :class:`~plugbroker.config.ConfigElementRegistry` filled by every plugin's
         ``broker_add_config_elements`` (the built-in plugins' sections included), then told the
         policy and backoff names registered in ``broker_register`` (:meth:`declare_policies`).
         """
-        from broker.config import ConfigElementRegistry
+        from plugbroker.config import ConfigElementRegistry
 
         registry = ConfigElementRegistry()
         if self.add_config_elements is not None:
@@ -378,7 +378,7 @@ class PluginHost:
             ):
                 raise PluginError(
                     f"plugin {name!r} defines {attr!r} without @hookimpl, so it would never be "
-                    "called; decorate it (from broker.hookimpl import hookimpl)"
+                    "called; decorate it (from plugbroker.hookimpl import hookimpl)"
                 )
 
     def _fill_registry(self, plugin: object, name: str) -> None:
@@ -475,7 +475,7 @@ class PluginHost:
 def builtin_config_registry() -> ConfigElementRegistry:
     """The configuration elements, policies and backoff types of the built-in plugins alone.
 
-    What :func:`broker.config.parse_config` uses when it is given no registry: a host with only
+    What :func:`plugbroker.config.parse_config` uses when it is given no registry: a host with only
     :data:`BUILTIN_PLUGINS` (less any blocked through :data:`BLOCK_ENV`), asked the way the
     runner asks its own host.
     """
@@ -509,7 +509,7 @@ def _direct(impl: Any) -> Any:
 # -- reading policy names out of a configuration -------------------------------------------------
 #
 # Walk ``config.vhosts`` → ``defaults`` / ``queues`` / ``topics`` → each section (an entry of a
-# mapping such as ``broker.config.Sections``, or a field) carrying ``.policy.name``. Duck-typed so
+# mapping such as ``plugbroker.config.Sections``, or a field) carrying ``.policy.name``. Duck-typed so
 # that the walk does not break when the configuration model grows a field.
 
 

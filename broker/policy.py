@@ -12,11 +12,11 @@ consumer is still there). ``state`` is the job's own mapping, kept from one run 
 ``policies`` looks up the *named policies* (``Delete``, ``Log``, a plugin's) that a
 ``<policy name>`` element chooses, each a :data:`NamedPolicy` over a :class:`Trigger`.
 
-* In the broker, the housekeeping pool (:mod:`broker.housekeeping`) takes the snapshot on the
+* In the broker, the housekeeping pool (:mod:`plugbroker.housekeeping`) takes the snapshot on the
   broker's loop (O(queues + consumers): every figure is a running figure the core keeps, nothing
   walks messages), calls the job on a pool thread and applies the actions on the loop with
-  :meth:`broker.app.Broker.apply_actions`.
-* In the backtest (:mod:`broker.analyze.replay`), the same jobs run over snapshots rebuilt from
+  :meth:`plugbroker.app.Broker.apply_actions`.
+* In the backtest (:mod:`plugbroker.analyze.replay`), the same jobs run over snapshots rebuilt from
   the event journal, and their actions are recorded instead of applied.
 
 Snapshots and actions are plain values: this module imports nothing from the broker's domain,
@@ -83,7 +83,7 @@ class QueueView(NamedTuple):
     consumers: tuple[ConsumerView, ...]
     #: ``(exchange, exchange_type, binding_key)`` for every binding of the queue
     bindings: tuple[tuple[str, str, str], ...]
-    #: the resolved policy sections for this queue (see :mod:`broker.config`), by element name
+    #: the resolved policy sections for this queue (see :mod:`plugbroker.config`), by element name
     policy: Mapping[str, Any] = _NO_POLICY
     #: channels that used basic.get on this queue: ``(connection_id, channel_id)``
     getters: tuple[tuple[str, int], ...] = ()
@@ -259,7 +259,7 @@ class Trigger:
 #: an entry for in ``state["queues"]`` when a check finds that queue under every threshold.
 NamedPolicy: TypeAlias = Callable[[Trigger], list[Action]]
 
-#: Gives the named policy registered under a name; raises ``broker.registry.PluginError`` for a
+#: Gives the named policy registered under a name; raises ``plugbroker.registry.PluginError`` for a
 #: name nobody registered (the configuration is checked against the registry before it is used).
 PolicyLookup: TypeAlias = Callable[[str], NamedPolicy]
 

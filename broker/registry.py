@@ -5,16 +5,16 @@ plugin (tox's ``tox_register_tox_env(register)`` idea), so every registration kn
 a clash names both plugins, a failing job is logged with its plugin's name, and unregistering a
 plugin takes exactly its registrations away.
 
-Every entry is typed by the contract of :mod:`broker.policy`:
+Every entry is typed by the contract of :mod:`plugbroker.policy`:
 
-* a **named policy** is a :data:`~broker.policy.NamedPolicy`, ``policy(trigger) ->
+* a **named policy** is a :data:`~plugbroker.policy.NamedPolicy`, ``policy(trigger) ->
   list[Action]``, chosen by ``<policy name>`` in the XML;
-* a **policy job** is a :class:`~broker.policy.Policy`, ``evaluate(snapshot, state, policies)
+* a **policy job** is a :class:`~plugbroker.policy.Policy`, ``evaluate(snapshot, state, policies)
   -> list[Action]``, with the section element its snapshot asks for. The housekeeping pool runs
   it in the broker and the backtest replays it over the journal, both found through
   :meth:`Registry.policy_jobs`, whoever registered it;
 * a **plain job** is ``func(ctx)`` on the housekeeping pool, for periodic work that is not a
-  policy (it gets a :class:`broker.housekeeping.JobContext`).
+  policy (it gets a :class:`plugbroker.housekeeping.JobContext`).
 
 Policy jobs and plain jobs share one namespace of job names.
 """
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
-    from broker.housekeeping import JobContext
-    from broker.policy import NamedPolicy, Policy
+    from plugbroker.housekeeping import JobContext
+    from plugbroker.policy import NamedPolicy, Policy
 
 #: Name under which registrations made directly on :class:`Registry` (not through a plugin's
 #: ``broker_register``) are attributed.
@@ -68,7 +68,7 @@ class BackoffEntry:
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
-    """A plain housekeeping job, ``func(ctx)``, as registered; :mod:`broker.housekeeping` runs it.
+    """A plain housekeeping job, ``func(ctx)``, as registered; :mod:`plugbroker.housekeeping` runs it.
 
     ``period`` (seconds) wins over ``period_key``; ``period_key`` names a configured duration
     (e.g. ``"isolation.checkPeriod"``) that the housekeeping pool resolves from the configuration;
@@ -84,7 +84,7 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True)
 class PolicyJobSpec:
-    """A policy job as registered: a :class:`~broker.policy.Policy` and the section it reads.
+    """A policy job as registered: a :class:`~plugbroker.policy.Policy` and the section it reads.
 
     ``section`` is the element (``"consumer"``, ``"isolation"``, a plugin's own) whose queues its
     snapshot holds; ``None`` means every queue. Periods as for :class:`JobSpec`.
@@ -264,7 +264,7 @@ class Registry:
     # -- lookup -----------------------------------------------------------------------------------
 
     def policy(self, name: str) -> NamedPolicy:
-        """The named policy registered under ``name`` (a :data:`~broker.policy.PolicyLookup`).
+        """The named policy registered under ``name`` (a :data:`~plugbroker.policy.PolicyLookup`).
 
         :raises PluginError: nobody registered it; the message lists what is registered.
         """

@@ -3,7 +3,7 @@ reconsumeLater, with the decisions made by the broker).
 
 ::
 
-    from broker.retry import reconsume_later
+    from plugbroker.retry import reconsume_later
 
     def handle(body, message):
         try:

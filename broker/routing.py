@@ -1,7 +1,7 @@
 """Routing facts the domain and the configuration share: the standard exchanges every virtual
 host has, and topic-pattern matching.
 
-Plain definitions with no import from the broker (like :mod:`broker.subscription`), so the
+Plain definitions with no import from the broker (like :mod:`plugbroker.subscription`), so the
 configuration, and the policy plugins that import it, can use them without loading the domain.
 The topic exchange routes with :func:`match_words`; a ``<topic key>`` policy in the
 configuration matches binding keys with :func:`topic_words_match`, the same algorithm.

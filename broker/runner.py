@@ -24,9 +24,9 @@ from typing import Any
 
 from lxml import etree
 
-from broker.app import Broker
-from broker.clock import Clock
-from broker.config import (
+from plugbroker.app import Broker
+from plugbroker.clock import Clock
+from plugbroker.config import (
     BrokerConfig,
     ConfigElementRegistry,
     ConfigError,
@@ -34,9 +34,9 @@ from broker.config import (
     load_default,
     users,
 )
-from broker.core.recovery import recover
-from broker.server import Server, TLSListener
-from broker.store import Store
+from plugbroker.core.recovery import recover
+from plugbroker.server import Server, TLSListener
+from plugbroker.store import Store
 
 log = logging.getLogger("broker")
 
@@ -59,7 +59,7 @@ def loop_factory(
     :param choice: ``auto`` (uvloop when importable, else asyncio), ``asyncio`` or ``uvloop``;
         None reads :data:`LOOP_ENV` and falls back to ``auto``.
     :param tls: the configuration has a TLS listener (``<tls>`` or ``<admin><tls>``). The TLS
-        acceptor (:mod:`broker.tls`) hands a socket to ``loop.start_tls`` after accepting it;
+        acceptor (:mod:`plugbroker.tls`) hands a socket to ``loop.start_tls`` after accepting it;
         on uvloop that handshake stalls now and then (a client's first bytes can be read
         before the handshake starts), so ``auto`` stays on asyncio and ``uvloop`` is refused.
     :raises LoopError: an unknown name, or ``uvloop`` when it is not installed or with TLS.
@@ -195,7 +195,7 @@ def load_plugins(
 
     :param origin: how errors name the configuration (default: ``config_path``).
     """
-    from broker.pluginhost import PluginHost
+    from plugbroker.pluginhost import PluginHost
 
     modules, blocked = plugin_list(config_path)
     host = PluginHost(blocked=blocked)
@@ -250,7 +250,7 @@ async def start_broker(
         plugins.startup(broker=b.api)
     b.resolve_all()  # plugins' policy decisions (e.g. delivery limits) for existing queues
     if housekeeping and plugins.registry.jobs():
-        from broker.housekeeping import Housekeeping
+        from plugbroker.housekeeping import Housekeeping
 
         hk = Housekeeping(
             plugins.registry,
@@ -278,7 +278,7 @@ def admin_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:
     """The context of ``<admin><tls>`` (None: plain HTTP, or no admin interface)."""
     if config.admin is None or config.admin_tls is None:
         return None
-    from broker.tls import server_context
+    from plugbroker.tls import server_context
 
     return server_context(config.admin_tls, where="admin/tls")
 
@@ -287,7 +287,7 @@ async def start_admin(
     b: Broker, running: Running, config: BrokerConfig, ctx: ssl.SSLContext | None
 ) -> Any:
     """The admin server ``<admin>`` asks for (HTTPS with ``ctx``), on this loop."""
-    from broker.admin_http import AdminServer
+    from plugbroker.admin_http import AdminServer
 
     assert config.admin is not None
     host, port = config.admin
@@ -315,7 +315,7 @@ def tls_listener(config: BrokerConfig) -> TLSListener | None:
     tls = config.tls
     if tls is None:
         return None
-    from broker.tls import server_context
+    from plugbroker.tls import server_context
 
     return TLSListener(
         server_context(tls),
@@ -351,18 +351,18 @@ def open_store(config: BrokerConfig, *, accept_loss: bool = False) -> Store:
 
     :param accept_loss: start even if the store lost data (as ``<store acceptLoss="true">``).
     """
-    from broker.store import MemoryStore
+    from plugbroker.store import MemoryStore
 
     if config.store_path is None:
         return MemoryStore()
     try:
-        from broker.store.sqlite import SQLiteStore
+        from plugbroker.store.sqlite import SQLiteStore
     except ImportError:
         log.warning("no durable store available; persistent messages are kept in memory only")
         return MemoryStore()
     import os
 
-    from broker.store.sqlite import SYNC_ENV
+    from plugbroker.store.sqlite import SYNC_ENV
 
     # the environment variable wins, so a soak or benchmark can switch without editing the file
     return SQLiteStore(

@@ -1,4 +1,4 @@
-"""The asyncio adapter: sockets in, :class:`broker.session.Connection` out.
+"""The asyncio adapter: sockets in, :class:`plugbroker.session.Connection` out.
 
 The protocol class is deliberately thin: it feeds bytes to the session and forwards flow
 control. Two pairs of water marks bound memory:
@@ -10,7 +10,7 @@ control. Two pairs of water marks bound memory:
   more is buffered it calls ``pause_reading`` and continues on the next turn, so a publisher
   that outruns the broker is held back by TCP instead of by broker memory.
 
-amqps (``<tls>``) is a second listener. Its sockets first meet :class:`broker.tls.TLSAcceptor`,
+amqps (``<tls>``) is a second listener. Its sockets first meet :class:`plugbroker.tls.TLSAcceptor`,
 which runs the TLS handshake itself so that a refusal (a plaintext client, a missing or untrusted
 client certificate, a handshake that never ends) is one log line that says why; only a finished
 handshake gets an :class:`AMQPProtocol`, which from then on receives the decrypted bytes
@@ -25,12 +25,12 @@ import signal
 import ssl
 from typing import Any, cast
 
-from broker.app import Broker
-from broker.guard import Acceptor, listening_sockets
-from broker.session import Connection
-from broker.tls import TLSAcceptor, peer_common_name
+from plugbroker.app import Broker
+from plugbroker.guard import Acceptor, listening_sockets
+from plugbroker.session import Connection
+from plugbroker.tls import TLSAcceptor, peer_common_name
 
-log = logging.getLogger("broker.server")
+log = logging.getLogger("plugbroker.server")
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1 * 1024 * 1024
@@ -155,7 +155,7 @@ class Server:
         factory: Any,
         what: str,
     ) -> tuple[list[Acceptor], int]:
-        """Listen on ``host:port`` with our own accept loop (:class:`broker.guard.Acceptor`:
+        """Listen on ``host:port`` with our own accept loop (:class:`plugbroker.guard.Acceptor`:
         it backs off when accept() runs out of file descriptors, on asyncio and uvloop alike)."""
         socks = await listening_sockets(loop, host, port)
         acceptors = [

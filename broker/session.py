@@ -1,7 +1,7 @@
 """AMQP connections and channels: the protocol state machine between the codec and the domain.
 
 Like the codec and the domain, this layer does no I/O of its own: it writes through a
-:class:`Transport` (the asyncio adapter in :mod:`broker.server`, or a fake in tests) and gets
+:class:`Transport` (the asyncio adapter in :mod:`plugbroker.server`, or a fake in tests) and gets
 time from the broker's clock and timer heap. Output is gathered per connection and written once
 per loop turn (:meth:`Connection.flush`), so a burst of deliveries and confirms costs one
 ``transport.write``.
@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
-import broker
-from broker.codec import NEED_DATA, ServerCodec
-from broker.codec.events import (
+import plugbroker
+from plugbroker.codec import NEED_DATA, ServerCodec
+from plugbroker.codec.events import (
     BasicAck,
     BasicCancel,
     BasicConsume,
@@ -57,8 +57,8 @@ from broker.codec.events import (
     TxSelect,
     UnexpectedMethod,
 )
-from broker.codec.frames import PROTOCOL_HEADER
-from broker.codec.ids import (
+from plugbroker.codec.frames import PROTOCOL_HEADER
+from plugbroker.codec.ids import (
     BASIC_ACK,
     BASIC_CONSUME,
     BASIC_GET,
@@ -86,13 +86,13 @@ from broker.codec.ids import (
     TX_SELECT,
     MethodId,
 )
-from broker.codec.properties import PropertiesError
-from broker.config.users import FULL_PATTERN, Permission
-from broker.domain import fate
-from broker.domain.exchange import ACK_TIMEOUT_HEADER, TOUCH_TAG_HEADER, DelayedExchange
-from broker.domain.message import Message
-from broker.domain.queue import EXCLUSIVE, Consumer, Queue
-from broker.errors import (
+from plugbroker.codec.properties import PropertiesError
+from plugbroker.config.users import FULL_PATTERN, Permission
+from plugbroker.domain import fate
+from plugbroker.domain.exchange import ACK_TIMEOUT_HEADER, TOUCH_TAG_HEADER, DelayedExchange
+from plugbroker.domain.message import Message
+from plugbroker.domain.queue import EXCLUSIVE, Consumer, Queue
+from plugbroker.errors import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
     COMMAND_INVALID,
@@ -110,7 +110,7 @@ from broker.errors import (
     ChannelError,
     ConnectionError_,
 )
-from broker.session_state import (
+from plugbroker.session_state import (
     DISCARDING,
     HANDSHAKE,
     REFUSED_CODE,
@@ -121,11 +121,11 @@ from broker.session_state import (
 )
 
 if TYPE_CHECKING:
-    from broker.app import Broker
-    from broker.domain.timers import TimerHandle
-    from broker.domain.vhost import VirtualHost
+    from plugbroker.app import Broker
+    from plugbroker.domain.timers import TimerHandle
+    from plugbroker.domain.vhost import VirtualHost
 
-log = logging.getLogger("broker.session")
+log = logging.getLogger("plugbroker.session")
 
 #: the work one connection may do per loop turn before it yields the loop to others, in units:
 #: a publish, an ack / nack / reject or a heartbeat costs 1, any other method
@@ -417,7 +417,7 @@ class Channel:
         """Return every unacked message to its queue (channel close, recover).
 
         On a channel close the consumers held them without settling them: that goes on the
-        messages' poison records (:func:`broker.domain.fate.requeue_unsettled`); a
+        messages' poison records (:func:`plugbroker.domain.fate.requeue_unsettled`); a
         basic.recover is the client's own request and does not count.
         """
         if not self.unacked:
@@ -930,7 +930,7 @@ class Connection:
         self._advance(Trigger.HEADER)
         props = {
             "product": "plugbroker",
-            "version": broker.__version__,
+            "version": plugbroker.__version__,
             "platform": "Python",
             "information": "AMQP 0-9-1 broker with pluggable consumer policies",
             "capabilities": SERVER_CAPABILITIES,
@@ -1696,7 +1696,7 @@ class Connection:
     def _touch(self, ch: Channel, ev: Publish, request: Message, seq: int) -> None:
         """A publish to ``amq.touch``: the consumer still works on the delivery of this
         channel that header ``x-touch-tag`` names, and its ack clock restarts
-        (:func:`broker.domain.fate.touch`).
+        (:func:`plugbroker.domain.fate.touch`).
 
         A tag that names no unacked delivery of a consumer on this channel (acked meanwhile,
         taken back by isolation, a basic.get, another channel's) changes nothing and closes
@@ -1759,7 +1759,7 @@ class Connection:
     def _reconsume(self, ch: Channel, ev: Publish, request: Message, seq: int) -> None:
         """A publish to ``amq.retry``: retry the unacked delivery it names (headers
         ``x-reconsume-channel``, ``x-reconsume-tag``, optional ``x-delay`` in ms or
-        ``x-retry-level``) on the broker's side (:func:`broker.domain.fate.reconsume`).
+        ``x-retry-level``) on the broker's side (:func:`plugbroker.domain.fate.reconsume`).
 
         Confirmed once the copy is safe (written, for a persistent one); refused with a
         ``basic.return`` carrying the reason (when mandatory) and a ``basic.nack`` in confirm

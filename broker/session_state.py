@@ -7,7 +7,7 @@ time for ``close-ok``). Everything that can move it is a :class:`Trigger`: the c
 and the broker's own decisions (closing, dropping the socket, the socket going away).
 
 :data:`TRANSITIONS` is the whole protocol in one table, ``(state, trigger) → next state``.
-:class:`broker.session.Connection` consults it for every frame and changes ``state`` only
+:class:`plugbroker.session.Connection` consults it for every frame and changes ``state`` only
 through it (``Connection._advance``). A client trigger that is not in the table breaks the
 protocol: it is refused with :data:`REFUSED_CODE` (503 COMMAND_INVALID), except in ``CLOSING``,
 where the spec says to discard everything but ``connection.close`` and ``close-ok``
@@ -25,7 +25,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Final
 
-from broker.codec.events import (
+from plugbroker.codec.events import (
     ConnectionClose,
     ConnectionCloseOk,
     ConnectionOpen,
@@ -33,7 +33,7 @@ from broker.codec.events import (
     ConnectionTuneOk,
     ConnectionUpdateSecret,
 )
-from broker.errors import COMMAND_INVALID
+from plugbroker.errors import COMMAND_INVALID
 
 
 class ConnectionState(Enum):

@@ -1,7 +1,7 @@
 """Subscription types (the TDMQ for Pulsar modes): how a queue hands its messages to consumers.
 
 Plain names, shared by the domain, the configuration and the policies, so a policy can test
-``queue.subscription_type == SHARED`` on a :class:`broker.policy.QueueView` without importing
+``queue.subscription_type == SHARED`` on a :class:`plugbroker.policy.QueueView` without importing
 the broker's internals (and so run unchanged over a snapshot from another source).
 """
 

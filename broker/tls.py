@@ -1,8 +1,8 @@
 """TLS for the listeners: server contexts from ``<tls>``, the peer's identity, refusal texts.
 
-Used by the AMQP adapter (:mod:`broker.server`, amqps) and by the admin server (https). The
+Used by the AMQP adapter (:mod:`plugbroker.server`, amqps) and by the admin server (https). The
 context is built once at start from the PEM files the ``<tls>`` element names; a file that is
-missing or does not load is a :class:`~broker.config.ConfigError` naming the element, so the
+missing or does not load is a :class:`~plugbroker.config.ConfigError` naming the element, so the
 broker refuses to start rather than serve without the TLS it was told to serve.
 """
 
@@ -14,7 +14,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from broker.config import ConfigError, TlsConfig
+from plugbroker.config import ConfigError, TlsConfig
 
 __all__ = ["TLSAcceptor", "handshake_failure", "peer_common_name", "server_context"]
 

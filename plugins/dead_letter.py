@@ -15,8 +15,8 @@ For every queue a ``<deadLetter>`` element applies to:
   ``next(redelivery_count)`` seconds: ``fixed``, ``exponential``, ``levels`` or a custom class a
   plugin registered with ``registry.register_backoff(name, factory)``.
 * **Retry queue** (TDMQ's reconsumeLater): with ``<retry>``, the broker declares
-  ``{queue}-RETRY`` next to the queue. A retry that :func:`broker.retry.reconsume_later` asks
-  for (the broker does it: :func:`broker.domain.fate.reconsume`) waits its delay there, then
+  ``{queue}-RETRY`` next to the queue. A retry that :func:`plugbroker.retry.reconsume_later` asks
+  for (the broker does it: :func:`plugbroker.domain.fate.reconsume`) waits its delay there, then
   goes back to the queue, where the same consumers get it; past ``maxRedeliveries`` it is
   dead-lettered. Dead letters of a queue with a retry queue carry ``RETRY_TOPIC``.
 """
@@ -27,15 +27,15 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from broker.config import ConfigElementRegistry
-from broker.decisions import DeadLetterTarget
-from broker.hookimpl import hookimpl
-from plugins import dead_letter_config
+from plugbroker.config import ConfigElementRegistry
+from plugbroker.decisions import DeadLetterTarget
+from plugbroker.hookimpl import hookimpl
+from plugbroker.plugins import dead_letter_config
 
 if TYPE_CHECKING:
-    from broker.core.api import BrokerAPI
+    from plugbroker.core.api import BrokerAPI
 
-log = logging.getLogger("plugins.dead_letter")
+log = logging.getLogger("plugbroker.plugins.dead_letter")
 
 
 class DeadLetterPlugin:
@@ -82,7 +82,7 @@ class DeadLetterPlugin:
 
     @hookimpl(trylast=True)
     def broker_add_config_elements(self, registry: ConfigElementRegistry) -> None:
-        """``<deadLetter>`` is this plugin's section (see :mod:`plugins.dead_letter_config`)."""
+        """``<deadLetter>`` is this plugin's section (see :mod:`plugbroker.plugins.dead_letter_config`)."""
         dead_letter_config.add_config_elements(registry)
 
     @hookimpl(trylast=True)
@@ -176,5 +176,5 @@ def dead_letter_headers(message: Any, queue: str, retry_queue: str | None) -> di
 
 
 def make_plugin() -> DeadLetterPlugin:
-    """One plugin object per broker (see broker.pluginhost.FACTORY_NAME)."""
+    """One plugin object per broker (see plugbroker.pluginhost.FACTORY_NAME)."""
     return DeadLetterPlugin()

@@ -1,11 +1,11 @@
 """The dead-letter plugin's configuration: ``<deadLetter>`` with its ``<retry>`` and ``<backoff>``.
 
-Registered by :meth:`plugins.dead_letter.DeadLetterPlugin.broker_add_config_elements` exactly as a
+Registered by :meth:`plugbroker.plugins.dead_letter.DeadLetterPlugin.broker_add_config_elements` exactly as a
 third-party plugin registers its elements; the core's loader only calls
 :func:`parse_dead_letter`. The schema (``config/plugbroker.xsd``) keeps the section's shape;
 ranges, which children fit which backoff type, the queue template's placeholders and the names of
 the dead-letter and retry queues are checked here. The retry levels and the delay range are the
-retry contract's (:mod:`broker.retry`), shared with the kombu helper.
+retry contract's (:mod:`plugbroker.retry`), shared with the kombu helper.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from math import log
 from types import MappingProxyType
 from typing import Any
 
-from broker.config import ConfigElementRegistry, ParseContext
-from broker.config.model import frozen_map
-from broker.config.units import format_duration
-from broker.retry import DEFAULT_LEVELS, MAX_DELAY, MIN_DELAY
+from plugbroker.config import ConfigElementRegistry, ParseContext
+from plugbroker.config.model import frozen_map
+from plugbroker.config.units import format_duration
+from plugbroker.retry import DEFAULT_LEVELS, MAX_DELAY, MIN_DELAY
 
 __all__ = [
     "BACKOFF_FIELDS",

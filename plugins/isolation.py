@@ -5,7 +5,7 @@ broker keeps feeding it and its messages sit unacknowledged. This plugin finds s
 from running figures the core keeps for every consumer (its ack clock and how many messages it
 holds unacked) and asks the core to isolate them:
 
-1. the ack clock (:attr:`~broker.policy.ConsumerView.busy_since`) starts when the consumer goes
+1. the ack clock (:attr:`~plugbroker.policy.ConsumerView.busy_since`) starts when the consumer goes
    from nothing unacked to something unacked and restarts at each ack, nack or reject; a
    consumer whose clock is older than ``ackTimeout`` (it has held an unacked message that long
    without settling anything) is put on the queue's blocklist and all its unacked messages are
@@ -19,8 +19,8 @@ holds unacked) and asks the core to isolate them:
 5. a poison message is not a bad consumer: the core keeps, for a message that came back from a
    consumer that held it without settling (isolated, or its channel closed), the distinct
    consumers that did so; an overdue consumer holding a message that ``poisonDeliveries - 1``
-   others held so (its :attr:`~broker.policy.ConsumerView.poison_suspects`) is not isolated:
-   the check asks for :class:`~broker.policy.DeadLetterPoison`, the message is dead-lettered
+   others held so (its :attr:`~plugbroker.policy.ConsumerView.poison_suspects`) is not isolated:
+   the check asks for :class:`~plugbroker.policy.DeadLetterPoison`, the message is dead-lettered
    with reason ``poison`` and the consumers isolated because of it alone are released.
 
 Isolation applies to ``shared`` queues only: never to ``key_shared`` (its key order would
@@ -29,7 +29,7 @@ The check runs every ``checkPeriod`` (the shortest configured), so a consumer is
 later than ``ackTimeout + checkPeriod`` after its clock started; it costs
 O(queues + consumers).
 
-The check is a policy job (:class:`broker.policy.Policy`) over the queues with an
+The check is a policy job (:class:`plugbroker.policy.Policy`) over the queues with an
 ``<isolation>`` section: the housekeeping pool runs :func:`evaluate` in the broker, and the
 backtest replays the same function over the event journal.
 """
@@ -38,9 +38,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.config import ConfigElementRegistry
-from broker.hookimpl import hookimpl
-from broker.policy import (
+from plugbroker.config import ConfigElementRegistry
+from plugbroker.hookimpl import hookimpl
+from plugbroker.plugins import isolation_config
+from plugbroker.policy import (
     Action,
     ConsumerView,
     DeadLetterPoison,
@@ -51,9 +52,8 @@ from broker.policy import (
     Snapshot,
     Spared,
 )
-from broker.registry import Registrar
-from broker.subscription import SHARED
-from plugins import isolation_config
+from plugbroker.registry import Registrar
+from plugbroker.subscription import SHARED
 
 JOB_NAME = "isolation"
 POLICY = "Isolation"
@@ -181,5 +181,5 @@ def broker_register(registry: Registrar) -> None:
 
 @hookimpl(trylast=True)
 def broker_add_config_elements(registry: ConfigElementRegistry) -> None:
-    """``<isolation>`` is this plugin's section (parsed in :mod:`plugins.isolation_config`)."""
+    """``<isolation>`` is this plugin's section (parsed in :mod:`plugbroker.plugins.isolation_config`)."""
     isolation_config.add_config_elements(registry)

@@ -1,6 +1,6 @@
 """The isolation plugin's configuration: the ``<isolation>`` section.
 
-Registered by :func:`plugins.isolation.broker_add_config_elements` exactly as a third-party plugin
+Registered by :func:`plugbroker.plugins.isolation.broker_add_config_elements` exactly as a third-party plugin
 registers its elements; the core's loader only calls :func:`parse_isolation`. The schema
 (``config/plugbroker.xsd``) keeps the section's shape; ranges and the "shared queues only" rule
 are checked here.
@@ -13,10 +13,10 @@ from decimal import Decimal
 from math import floor
 from typing import Any
 
-from broker.config import ConfigElementRegistry, ParseContext
-from broker.config.context import local_name
-from broker.config.units import format_duration
-from broker.subscription import SHARED
+from plugbroker.config import ConfigElementRegistry, ParseContext
+from plugbroker.config.context import local_name
+from plugbroker.config.units import format_duration
+from plugbroker.subscription import SHARED
 
 __all__ = [
     "DEFAULT_ETA_HEADERS",

@@ -23,7 +23,7 @@ journal itself as a ``journal_dropped`` event, so an analysis can tell the data 
 
 Cost: the recorder's per-message methods take about 0.35 µs; while it is the only implementation
 of a hook, the plugin host calls it directly rather than through pluggy's dispatch (see
-``broker.pluginhost._direct``).
+``plugbroker.pluginhost._direct``).
 
 The schema is fixed and versioned (:data:`SCHEMA_VERSION`, also a column and file metadata);
 ``docs/analyze.md`` documents every column and what each event puts in it.
@@ -49,14 +49,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from broker.hookimpl import hookimpl
+from plugbroker.hookimpl import hookimpl
 
 if TYPE_CHECKING:
-    from broker.config import BrokerConfig
-    from broker.core.api import BrokerAPI
-    from broker.policy import Action
+    from plugbroker.config import BrokerConfig
+    from plugbroker.core.api import BrokerAPI
+    from plugbroker.policy import Action
 
-log = logging.getLogger("plugins.journal")
+log = logging.getLogger("plugbroker.plugins.journal")
 
 #: Bumped whenever a column changes meaning or type, or events are added. Readers take every
 #: version from 1 up to theirs and refuse newer ones. Version 2 added ``enqueued`` and
@@ -300,7 +300,7 @@ class Journal:
     """The buffer and the background writer of one journal directory.
 
     :param path: the journal directory (created if missing).
-    :param clock: wall-clock seconds (``broker.clock.time``); the hot path calls it per event.
+    :param clock: wall-clock seconds (``plugbroker.clock.time``); the hot path calls it per event.
     :param max_buffer: events held in memory before new ones are dropped (counted, logged).
     :param batch_rows: rows gathered before a Parquet row group is written.
     :param flush_interval: seconds between drains of the buffer by the writer thread; a row group

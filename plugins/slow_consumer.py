@@ -16,9 +16,9 @@ option ``delete-persistent=true``), ``Log`` (a dry run), ``Graduated`` (one step
 check: log, lower the prefetch, cancel, 506, delete; one step back per healthy check), or any
 policy another plugin registered.
 A named policy is a callable ``policy(trigger) -> list[Action]`` (see
-:class:`broker.policy.Trigger`).
+:class:`plugbroker.policy.Trigger`).
 
-The check is a policy job (:class:`broker.policy.Policy`) over the queues with a ``<consumer>``
+The check is a policy job (:class:`plugbroker.policy.Policy`) over the queues with a ``<consumer>``
 section: the housekeeping pool runs :func:`evaluate` in the broker, and the backtest replays the
 same function over the event journal.
 """
@@ -30,10 +30,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from broker.config import ConfigElementRegistry
-from broker.errors import RESOURCE_ERROR, SLOW_CONSUMER_TEXT
-from broker.hookimpl import hookimpl
-from broker.policy import (
+from plugbroker.config import ConfigElementRegistry
+from plugbroker.errors import RESOURCE_ERROR, SLOW_CONSUMER_TEXT
+from plugbroker.hookimpl import hookimpl
+from plugbroker.plugins import slow_consumer_config
+from plugbroker.policy import (
     DEFERRED,
     Action,
     Breach,
@@ -49,10 +50,9 @@ from broker.policy import (
     Spared,
     Trigger,
 )
-from broker.registry import Registrar
-from plugins import slow_consumer_config
+from plugbroker.registry import Registrar
 
-log = logging.getLogger("plugins.slow_consumer")
+log = logging.getLogger("plugbroker.plugins.slow_consumer")
 
 JOB_NAME = "slow-consumer"
 #: the section element whose queues the check looks at
@@ -105,7 +105,7 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
     ``state["named"]`` keeps each named policy's own state (:attr:`Trigger.state`, what
     ``Graduated`` escalates in); entries of queues that left the snapshot drop out. When the
     blast-radius budget deferred an action a named policy asked for (``state[DEFERRED]``, see
-    :data:`broker.policy.DEFERRED`), that policy's entry for the queue is put back as it was
+    :data:`plugbroker.policy.DEFERRED`), that policy's entry for the queue is put back as it was
     before that check (``state["undo"]``), so a step that did not happen is asked for again
     rather than passed over.
     """
@@ -349,5 +349,5 @@ def broker_register(registry: Registrar) -> None:
 
 @hookimpl(trylast=True)
 def broker_add_config_elements(registry: ConfigElementRegistry) -> None:
-    """``<consumer>`` is this plugin's section (parsed in :mod:`plugins.slow_consumer_config`)."""
+    """``<consumer>`` is this plugin's section (parsed in :mod:`plugbroker.plugins.slow_consumer_config`)."""
     slow_consumer_config.add_config_elements(registry)

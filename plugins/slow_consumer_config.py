@@ -1,6 +1,6 @@
 """The slow-consumer plugin's configuration: the ``<consumer>`` section and its ``<policy>``.
 
-Registered by :func:`plugins.slow_consumer.broker_add_config_elements` exactly as a third-party
+Registered by :func:`plugbroker.plugins.slow_consumer.broker_add_config_elements` exactly as a third-party
 plugin registers its elements; the core's loader only calls :func:`parse_consumer`. The schema
 (``config/plugbroker.xsd``) keeps the section's shape, so a misspelled child is reported by the
 schema with its line; ranges, the "at least one threshold" rule and the options of the built-in
@@ -13,14 +13,14 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.config import (
+from plugbroker.config import (
     REACH_TOPIC_SUBSCRIPTIONS,
     ConfigElementRegistry,
     ParseContext,
     PolicyRef,
 )
-from broker.config.model import XML_FALSE, XML_TRUE
-from broker.config.units import format_duration, format_size
+from plugbroker.config.model import XML_FALSE, XML_TRUE
+from plugbroker.config.units import format_duration, format_size
 
 __all__ = [
     "DELETE",

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.alarms import ResourceMonitor
-from broker.runner import Running, loop_factory, start_broker, uses_tls
+from plugbroker.alarms import ResourceMonitor
+from plugbroker.runner import Running, loop_factory, start_broker, uses_tls
 
 # a broker started here shares the test process: the memory alarm must not count pytest's
-# own size as the broker's (a broker process counts its size at start; see broker.alarms)
+# own size as the broker's (a broker process counts its size at start; see plugbroker.alarms)
 ResourceMonitor.count_start_rss = False
 
 #: the users of every test broker unless a test gives its own ``users=``

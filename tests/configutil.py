@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker.config import ConfigError, ParseContext, parse_config
+from plugbroker.config import ConfigError, ParseContext, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

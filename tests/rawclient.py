@@ -1,6 +1,6 @@
 """A tiny AMQP 0-9-1 client for tests: frame builders (pure) and a raw socket client.
 
-The frame builders use the broker's own method table (:func:`broker.codec.methods.encode_args`)
+The frame builders use the broker's own method table (:func:`plugbroker.codec.methods.encode_args`)
 so a test can say ``method_frame(1, "queue.declare", 0, "q", False, ...)`` and get exactly the
 bytes a client would send. :func:`parse_frames` splits server output back into frames, and
 :func:`decode_method` turns a method frame payload into ``(name, args)``.
@@ -19,7 +19,7 @@ from typing import Any
 
 from amqp.serialization import dumps
 
-from broker.codec.methods import BY_NAME, METHODS, decode_args, encode_args
+from plugbroker.codec.methods import BY_NAME, METHODS, decode_args, encode_args
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_END = b"\xce"

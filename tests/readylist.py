@@ -1,4 +1,4 @@
-"""The :class:`broker.domain.ready.ReadyList` contract, one body for every implementation
+"""The :class:`plugbroker.domain.ready.ReadyList` contract, one body for every implementation
 (the domain's lists in tests/domain/test_ready.py, a store's paging list in
 tests/store/test_store_contract.py)."""
 
@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.domain.message import Message
-from broker.domain.ready import ReadyList
+from plugbroker.domain.message import Message
+from plugbroker.domain.ready import ReadyList
 
 
 def check_ready_list(r: ReadyList, make: Callable[[bytes], Message]) -> None:

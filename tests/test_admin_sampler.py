@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.admin_http import SAMPLE_SHARE, next_sample_delay
+from plugbroker.admin_http import SAMPLE_SHARE, next_sample_delay
 
 
 def test_samples_space_out_when_a_sample_is_costly() -> None:
@@ -14,8 +14,8 @@ def test_samples_space_out_when_a_sample_is_costly() -> None:
 def test_history_forgets_deleted_queues_and_keeps_a_bounded_ring() -> None:
     from types import SimpleNamespace
 
-    from broker.admin import History
-    from broker.clock import ManualClock
+    from plugbroker.admin import History
+    from plugbroker.clock import ManualClock
 
     clock = ManualClock()
 

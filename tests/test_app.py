@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.app import Broker
-from broker.clock import ManualClock
-from broker.config import parse_config
-from broker.policy import CloseConsumerChannels, DeleteQueue, LogOnly, SetPrefetch
+from plugbroker.app import Broker
+from plugbroker.clock import ManualClock
+from plugbroker.config import parse_config
+from plugbroker.policy import CloseConsumerChannels, DeleteQueue, LogOnly, SetPrefetch
 
 CONFIG = """<broker><virtualhost name="/">
   <exchange name="orders" type="topic"/>
@@ -109,9 +109,9 @@ def test_a_queue_reached_by_a_dead_letter_route_is_not_a_topic_subscription(vhos
 def test_a_queue_that_received_a_dead_letter_is_a_target_and_by_name_still_reached(
     vhost_consumer,
 ):
-    from broker.codec import properties as props
-    from broker.domain import fate
-    from broker.domain.message import Message
+    from plugbroker.codec import properties as props
+    from plugbroker.domain import fate
+    from plugbroker.domain.message import Message
 
     vh = vhost_consumer.vhosts["/"]
     topic = vh.exchanges["amq.topic"]
@@ -149,7 +149,7 @@ def test_reload_applies_to_running_queues(broker):
 def test_runner_reload_refuses_an_invalid_file_and_keeps_the_running_config(tmp_path: Path):
     import asyncio
 
-    from broker.runner import start_broker
+    from plugbroker.runner import start_broker
 
     path = tmp_path / "b.xml"
     path.write_text(CONFIG.replace("<broker>", '<broker><listen host="127.0.0.1" port="0"/>'))

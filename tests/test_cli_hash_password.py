@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from broker.cli import main
-from broker.config import parse_config
+from plugbroker.cli import main
+from plugbroker.config import parse_config
 
 
 def _hash_of(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -56,7 +56,7 @@ def test_empty_password_is_refused(
 
 def test_the_installed_command_runs() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "broker", "hash-password", "--algorithm", "sha512"],
+        [sys.executable, "-m", "plugbroker", "hash-password", "--algorithm", "sha512"],
         input="pw\n",
         capture_output=True,
         text=True,

@@ -11,12 +11,20 @@ from typing import Any
 
 import pytest
 
-from broker import hookspecs
-from broker.clock import ManualClock
-from broker.hookimpl import PROJECT_NAME
-from broker.housekeeping import Housekeeping
-from broker.pluginhost import BLOCK_ENV, PluginHost, hookspec_names
-from broker.policy import Action, Breach, ConsumerView, QueueView, SetPrefetch, Snapshot, Trigger
+from plugbroker import hookspecs
+from plugbroker.clock import ManualClock
+from plugbroker.hookimpl import PROJECT_NAME
+from plugbroker.housekeeping import Housekeeping
+from plugbroker.pluginhost import BLOCK_ENV, PluginHost, hookspec_names
+from plugbroker.policy import (
+    Action,
+    Breach,
+    ConsumerView,
+    QueueView,
+    SetPrefetch,
+    Snapshot,
+    Trigger,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -106,7 +114,7 @@ def test_howto_test_snippet_runs(example: Any) -> None:
 def test_howto_section_parser_runs() -> None:
     """The how-to's section parser, registered as its snippet says, parses the page's own XML
     and fails with the errors the page quotes."""
-    from broker.config import ConfigElementRegistry, ConfigError, parse_config
+    from plugbroker.config import ConfigElementRegistry, ConfigError, parse_config
 
     howto = (DOCS / "write-a-policy-plugin.md").read_text()
     section = howto.split("### A section of your own", 1)[1].split("\n#", 1)[0]

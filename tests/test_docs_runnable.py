@@ -11,7 +11,7 @@ an HTML comment ``<!-- runnable ... -->`` (invisible on the rendered page):
   directory, for the console blocks after it; ``invalid`` instead: check-config must refuse it.
 * ``<!-- runnable -->`` before a ``console`` block: each ``$ command`` runs with bash in the
   page's scratch directory (one per page, blocks in page order), ``plugbroker`` being this tree's
-  ``python3 -m broker`` and ``docs/examples`` on ``PYTHONPATH``, bounded by a timeout. The lines
+  ``python3 -m plugbroker`` and ``docs/examples`` on ``PYTHONPATH``, bounded by a timeout. The lines
   after a command are its expected output (stdout and stderr): they must match, except that a
   line ``...`` matches any lines and log lines lose their timestamp. A command whose exit status
   is not 0 must show it as a last line ``[exit N]``.

@@ -6,10 +6,10 @@ import json
 import re
 from pathlib import Path
 
-from broker.admin import prometheus_text
-from broker.app import Broker
-from broker.clock import ManualClock
-from broker.config import parse_config
+from plugbroker.admin import prometheus_text
+from plugbroker.app import Broker
+from plugbroker.clock import ManualClock
+from plugbroker.config import parse_config
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "plugbroker.json"
 CONFIG = """<broker><users><user name="guest" password="guest" vhosts="/"/></users>

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from broker.clock import ManualClock
-from broker.guard import Acceptor, LoginThrottle
+from plugbroker.clock import ManualClock
+from plugbroker.guard import Acceptor, LoginThrottle
 
 
 def test_each_failure_from_one_peer_doubles_its_delay_up_to_the_cap() -> None:

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from broker import hookspecs
-from broker.decisions import RejectDecision
-from broker.hookimpl import PROJECT_NAME, hookimpl
-from broker.pluginhost import hookspec_names
+from plugbroker import hookspecs
+from plugbroker.decisions import RejectDecision
+from plugbroker.hookimpl import PROJECT_NAME, hookimpl
+from plugbroker.pluginhost import hookspec_names
 
 # What the core calls, exactly: hook name -> keyword arguments, in order. Renaming or reordering
 # any of these breaks the core or third-party plugins, so it must be a deliberate change here.
@@ -219,7 +219,7 @@ def test_reject_decision_refuses_bad_values(kind: str, delay: float, match: str)
 def test_decisions_module_does_not_need_pluggy() -> None:
     import ast
 
-    from broker import decisions
+    from plugbroker import decisions
 
     tree = ast.parse(inspect.getsource(decisions))
     imported = {

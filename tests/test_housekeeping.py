@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from broker.clock import Clock, ManualClock, SystemClock
-from broker.housekeeping import Housekeeping, HousekeepingStopped, JobContext
-from broker.policy import (
+from plugbroker.clock import Clock, ManualClock, SystemClock
+from plugbroker.housekeeping import Housekeeping, HousekeepingStopped, JobContext
+from plugbroker.policy import (
     Action,
     Breach,
     LogOnly,
@@ -27,7 +27,7 @@ from broker.policy import (
     Snapshot,
     Trigger,
 )
-from broker.registry import JobSpec, PluginError, Registry
+from plugbroker.registry import JobSpec, PluginError, Registry
 
 BOUND = 5.0  # seconds: the most any wait in these tests may take before it counts as a failure
 
@@ -116,7 +116,7 @@ def test_a_raising_job_is_logged_and_runs_again_and_others_run(
     good_runs, good = _counter()
     hk = Housekeeping(_jobs([_spec("bad", bad), _spec("good", good)]), broker, threads=2)
     pools.append(hk)
-    with caplog.at_level(logging.ERROR, logger="broker.housekeeping"):
+    with caplog.at_level(logging.ERROR, logger="plugbroker.housekeeping"):
         for _ in range(3):
             clock.advance(1.0)
             _settle(hk.run_due())
@@ -322,7 +322,7 @@ def test_a_failing_policy_job_is_logged_like_any_job(
     registry.register_policy_job("broken", broken, section=None, period=1.0, plugin="acme")
     hk = Housekeeping(registry, broker)
     pools.append(hk)
-    with caplog.at_level(logging.ERROR, logger="broker.housekeeping"):
+    with caplog.at_level(logging.ERROR, logger="plugbroker.housekeeping"):
         assert hk.run_job("broken") is True
     assert hk.stats("broken").failures == 1
     assert hk.stats("broken").last_error is not None

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import logging
 
-from broker.logjson import JsonFormatter
+from plugbroker.logjson import JsonFormatter
 
 
 def _record(**extra: object) -> logging.LogRecord:
     rec = logging.LogRecord(
-        "broker.policy", logging.INFO, "x.py", 1, "queue %s: %d", ("q", 3), None
+        "plugbroker.policy", logging.INFO, "x.py", 1, "queue %s: %d", ("q", 3), None
     )
     for k, v in extra.items():
         setattr(rec, k, v)
@@ -21,7 +21,7 @@ def test_a_record_is_one_line_of_json_with_its_structured_fields() -> None:
     line = JsonFormatter().format(_record(vhost="/", queue="q", action="DeleteQueue"))
     assert "\n" not in line
     out = json.loads(line)
-    assert out["level"] == "INFO" and out["logger"] == "broker.policy"
+    assert out["level"] == "INFO" and out["logger"] == "plugbroker.policy"
     assert out["message"] == "queue q: 3"
     assert out["time"].endswith("+00:00") and "T" in out["time"]
     assert (out["vhost"], out["queue"], out["action"]) == ("/", "q", "DeleteQueue")

@@ -1,6 +1,6 @@
 """The configuration schema and the default configuration are found wherever the code runs: in
 a checkout, in a zip of a checkout (``spark-submit --py-files``) and installed as package data
-(pyproject.toml maps ``config/`` onto the package ``plugbroker_config``)."""
+(pyproject.toml maps ``config/`` onto the package ``plugbroker.config_data``)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from setuptools import find_packages
 
-from broker.config.schema import DATA_PACKAGE, config_file
+from plugbroker.config.schema import DATA_PACKAGE, config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 PROBE = """
 import sys
-from broker.config import parse_config
-from broker.config.schema import config_file
+from plugbroker.config import parse_config
+from plugbroker.config.schema import config_file
 parse_config("<broker><virtualhost name='/'><queue name='q'/></virtualhost></broker>", "x")
 print(config_file("plugbroker.xsd"))
 print(config_file("default.xml").read_text()[:8])
@@ -76,7 +76,7 @@ def test_a_zip_of_the_checkout_as_the_docs_build_it(tmp_path):
 
 
 def test_installed_package_data_is_found_when_config_is_not_beside_broker(tmp_path):
-    """A wheel's layout: ``broker/`` and ``plugbroker_config/`` side by side, no ``config/``."""
+    """A wheel's layout: ``broker/`` and ``plugbroker.config_data/`` side by side, no ``config/``."""
     site = tmp_path / "site"
     shutil.copytree(ROOT / "broker", site / "broker", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(

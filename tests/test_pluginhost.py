@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from broker.decisions import RejectDecision
-from broker.hookimpl import hookimpl
-from broker.pluginhost import (
+from plugbroker.decisions import RejectDecision
+from plugbroker.hookimpl import hookimpl
+from plugbroker.pluginhost import (
     BLOCK_ENV,
     ENTRY_POINT_GROUP,
     HOOK_ATTRS,
@@ -24,8 +24,8 @@ from broker.pluginhost import (
     PluginHost,
     hookspec_names,
 )
-from broker.policy import Action, PolicyLookup, PolicyState, Snapshot
-from broker.registry import Registrar, Registry
+from plugbroker.policy import Action, PolicyLookup, PolicyState, Snapshot
+from plugbroker.registry import Registrar, Registry
 
 MakeModule = Callable[..., str]
 
@@ -54,7 +54,7 @@ def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mak
 
 
 COUNTING_PLUGIN = """
-    from broker.hookimpl import hookimpl
+    from plugbroker.hookimpl import hookimpl
     calls = []
 
     @hookimpl
@@ -100,7 +100,7 @@ def test_loading_again_registers_nothing_twice(make_module: MakeModule) -> None:
 
 def test_builtins_load_first_through_the_same_hooks(make_module: MakeModule) -> None:
     builtin = make_module(COUNTING_PLUGIN)
-    user = make_module("from broker.hookimpl import hookimpl\n")
+    user = make_module("from plugbroker.hookimpl import hookimpl\n")
     host = _host()
     host.load([user], builtins=(builtin,), entry_points=False)
     assert host.names() == (builtin, user)
@@ -227,7 +227,7 @@ def test_programmatic_register_respects_blocking() -> None:
 
 def test_misspelled_hook_is_refused_with_a_suggestion(make_module: MakeModule) -> None:
     mod = make_module("""
-        from broker.hookimpl import hookimpl
+        from plugbroker.hookimpl import hookimpl
 
         @hookimpl
         def broker_queue_declard(vhost, queue, durable, arguments):
@@ -412,10 +412,10 @@ def test_the_builtin_policies_are_policy_jobs_over_their_sections() -> None:
     host.load([], entry_points=False)
     jobs = {j.name: j for j in host.registry.policy_jobs()}
     assert {n: (j.plugin, j.section, j.period, j.period_key) for n, j in jobs.items()} == {
-        "slow-consumer": ("plugins.slow_consumer", "consumer", None, None),
-        "isolation": ("plugins.isolation", "isolation", None, "isolation.checkPeriod"),
+        "slow-consumer": ("plugbroker.plugins.slow_consumer", "consumer", None, None),
+        "isolation": ("plugbroker.plugins.isolation", "isolation", None, "isolation.checkPeriod"),
     }
-    from plugins import isolation, slow_consumer
+    from plugbroker.plugins import isolation, slow_consumer
 
     assert jobs["slow-consumer"].policy is slow_consumer.evaluate
     assert jobs["isolation"].policy is isolation.evaluate
@@ -504,8 +504,8 @@ def test_firstresult_all_none_means_core_default() -> None:
 
 def test_a_user_plugin_beats_a_trylast_builtin(make_module: MakeModule) -> None:
     builtin = make_module("""
-        from broker.decisions import RejectDecision
-        from broker.hookimpl import hookimpl
+        from plugbroker.decisions import RejectDecision
+        from plugbroker.hookimpl import hookimpl
 
         @hookimpl(trylast=True)
         def broker_reject_decision(requeue):
@@ -613,7 +613,7 @@ def test_verify_policies_reads_plain_objects_and_mappings() -> None:
 
 
 def test_verify_policies_on_a_real_parsed_config() -> None:
-    from broker.config import parse_config
+    from plugbroker.config import parse_config
 
     xml = """<broker>
       <virtualhost name="/">
@@ -638,8 +638,8 @@ def test_verify_policies_on_a_real_parsed_config() -> None:
 
 
 def test_declared_policies_become_usable_in_the_xml() -> None:
-    from broker.config import ConfigElementRegistry, ConfigError, parse_config
-    from plugins import slow_consumer_config
+    from plugbroker.config import ConfigElementRegistry, ConfigError, parse_config
+    from plugbroker.plugins import slow_consumer_config
 
     xml = """<broker><virtualhost name="/"><topic key="a.*"><consumer>
       <messageCount>50</messageCount><policy name="ReducePrefetch"/>
@@ -665,7 +665,7 @@ def test_a_single_implementation_is_called_directly_with_the_arguments_it_declar
 
     import pluggy
 
-    from broker.hookimpl import hookimpl as impl
+    from plugbroker.hookimpl import hookimpl as impl
 
     seen: list[tuple[str, int]] = []
     one = types.ModuleType("one_delay")
@@ -702,7 +702,7 @@ def test_a_wrapper_keeps_pluggy_in_charge() -> None:
 
     import pluggy
 
-    from broker.hookimpl import hookimpl as impl
+    from plugbroker.hookimpl import hookimpl as impl
 
     mod = types.ModuleType("wrapping")
 

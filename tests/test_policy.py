@@ -8,14 +8,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-INTERNALS = ("broker.domain", "broker.session", "broker.app", "broker.server", "broker.store")
+INTERNALS = (
+    "plugbroker.domain",
+    "plugbroker.session",
+    "plugbroker.app",
+    "plugbroker.server",
+    "plugbroker.store",
+)
 
 
 def test_the_policy_types_and_the_builtin_policies_load_no_broker_internals() -> None:
     """Importing the contract and the two built-in policy plugins pulls in none of the domain,
     session, application, server or store (checked in a fresh interpreter)."""
     code = (
-        "import sys, broker.policy, plugins.isolation, plugins.slow_consumer\n"
+        "import sys, plugbroker.policy, plugbroker.plugins.isolation, plugbroker.plugins.slow_consumer\n"
         f"print('\\n'.join(m for m in sys.modules if m.startswith({INTERNALS!r})))\n"
     )
     out = subprocess.run(
@@ -30,8 +36,8 @@ def test_the_policy_types_and_the_builtin_policies_load_no_broker_internals() ->
 
 
 def test_the_subscription_types_have_one_definition() -> None:
-    from broker import config, subscription
-    from broker.domain import queue
+    from plugbroker import config, subscription
+    from plugbroker.domain import queue
 
     assert queue.SUBSCRIPTION_TYPES is subscription.SUBSCRIPTION_TYPES
     assert config.SUBSCRIPTION_TYPES is subscription.SUBSCRIPTION_TYPES

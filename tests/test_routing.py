@@ -1,11 +1,11 @@
-"""Topic matching (broker.routing): same answers as the plain recursive definition, and no
+"""Topic matching (plugbroker.routing): same answers as the plain recursive definition, and no
 blow-up on binding keys with many ``#`` words."""
 
 from __future__ import annotations
 
 import random
 
-from broker.routing import match_words, topic_words_match
+from plugbroker.routing import match_words, topic_words_match
 
 
 def _reference(p: list[str], k: list[str]) -> bool:

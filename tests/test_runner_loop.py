@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main as cli_main
-from broker.runner import LOOP_ENV, LoopError, loop_factory, uses_tls
+from plugbroker.cli import main as cli_main
+from plugbroker.runner import LOOP_ENV, LoopError, loop_factory, uses_tls
 
 
 @pytest.fixture(autouse=True)

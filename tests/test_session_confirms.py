@@ -1,6 +1,6 @@
 """Publisher confirms coalesced per loop turn, checked on the wire without sockets.
 
-A :class:`broker.session.Connection` runs over a fake transport: the test feeds it the bytes a
+A :class:`plugbroker.session.Connection` runs over a fake transport: the test feeds it the bytes a
 client would send (built with the broker's own method table, :mod:`rawclient`), ends the loop
 turn by hand (``Broker.end_of_turn``, as the server does after each read) and decodes every
 frame the broker wrote. Confirms that fall due in one turn go out as one ``basic.ack`` with
@@ -24,11 +24,11 @@ from rawclient import (
     publish_frames,
 )
 
-from broker.app import Broker
-from broker.clock import ManualClock
-from broker.config import parse_config
-from broker.session import Connection
-from broker.store import MemoryStore
+from plugbroker.app import Broker
+from plugbroker.clock import ManualClock
+from plugbroker.config import parse_config
+from plugbroker.session import Connection
+from plugbroker.store import MemoryStore
 
 CONFIG = """<broker>
   <users><user name="guest" password="guest" vhosts="/"/></users>

@@ -9,20 +9,20 @@ from typing import Any
 import pytest
 from rawclient import decode_method, method_frame, parse_frames, plain_response
 
-from broker.app import Broker
-from broker.clock import ManualClock
-from broker.codec import events as ev
-from broker.codec.frames import PROTOCOL_HEADER
-from broker.codec.ids import (
+from plugbroker.app import Broker
+from plugbroker.clock import ManualClock
+from plugbroker.codec import events as ev
+from plugbroker.codec.frames import PROTOCOL_HEADER
+from plugbroker.codec.ids import (
     CONNECTION_UPDATE_SECRET,
     NO_METHOD,
     QUEUE_DECLARE,
     MethodId,
 )
-from broker.config import parse_config
-from broker.errors import COMMAND_INVALID, NOT_IMPLEMENTED, ConnectionError_
-from broker.session import Connection
-from broker.session_state import (
+from plugbroker.config import parse_config
+from plugbroker.errors import COMMAND_INVALID, NOT_IMPLEMENTED, ConnectionError_
+from plugbroker.session import Connection
+from plugbroker.session_state import (
     CLIENT_TRIGGERS,
     CONNECTION_METHODS,
     DISCARDING,

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from rawclient import PROTOCOL_HEADER, decode_method, parse_frames
 
-from broker.app import Broker
-from broker.clock import ManualClock
-from broker.config import parse_config
-from broker.server import AMQPProtocol
+from plugbroker.app import Broker
+from plugbroker.clock import ManualClock
+from plugbroker.config import parse_config
+from plugbroker.server import AMQPProtocol
 
 CONFIG = """<broker>
   <users><user name="guest" password="guest" vhosts="/"/></users>

@@ -1,8 +1,8 @@
 """The Spark pipeline over the event journal: ``report``, ``backtest`` and ``recommend``.
 
-Runnable as ``plugbroker analyze ...`` (see :mod:`broker.analyze.cli`) and from Python::
+Runnable as ``plugbroker analyze ...`` (see :mod:`plugbroker.analyze.cli`) and from Python::
 
-    from broker.analyze import report, backtest, recommend
+    from plugbroker.analyze import report, backtest, recommend
 
     report("events/", "out/")                             # tables + out/report.html
     result = backtest("events/", "candidate.xml")          # what the candidate would have done
@@ -23,21 +23,21 @@ from typing import Any
 
 def report(journal: Any, out: Any, **kw: Any) -> Any:
     """Per-queue and per-consumer figures as tables and an HTML page; see :mod:`.report`."""
-    from broker.analyze.report import report as run
+    from plugbroker.analyze.report import report as run
 
     return run(journal, out, **kw)
 
 
 def backtest(journal: Any, config: Any, **kw: Any) -> Any:
     """Replay the journal against a candidate config; see :mod:`.backtest`."""
-    from broker.analyze.backtest import backtest as run
+    from plugbroker.analyze.backtest import backtest as run
 
     return run(journal, config, **kw)
 
 
 def recommend(journal: Any, **kw: Any) -> Any:
     """Thresholds from what the journal shows, as an XML snippet; see :mod:`.recommend`."""
-    from broker.analyze.recommend import recommend as run
+    from plugbroker.analyze.recommend import recommend as run
 
     return run(journal, **kw)
 
@@ -46,11 +46,11 @@ __all__ = ["backtest", "recommend", "report"]
 
 
 class _Package(types.ModuleType):
-    """Keeps ``broker.analyze.report`` (and ``backtest``, ``recommend``) the functions above.
+    """Keeps ``plugbroker.analyze.report`` (and ``backtest``, ``recommend``) the functions above.
 
     Importing a submodule sets it as an attribute of its package, which would replace the
-    function of the same name as soon as anything imported ``broker.analyze.report`` (the CLI,
-    ``recommend`` running its backtest ...), and ``from broker.analyze import report`` would
+    function of the same name as soon as anything imported ``plugbroker.analyze.report`` (the CLI,
+    ``recommend`` running its backtest ...), and ``from plugbroker.analyze import report`` would
     then give a module. The submodules stay importable by their full names."""
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -1,7 +1,7 @@
 """``plugbroker analyze backtest``: what a candidate configuration would have done to this traffic.
 
 The journal's queue events are partitioned by queue across Spark tasks, sorted in journal order
-within each task, and replayed by :class:`broker.analyze.replay.Replayer`, which rebuilds the
+within each task, and replayed by :class:`plugbroker.analyze.replay.Replayer`, which rebuilds the
 snapshots the broker's housekeeping would have taken at each check and hands them to the policy
 jobs the candidate's plugins registered, built-in or third-party, found through the registry
 (the snapshot pattern: the same functions, not a second implementation).
@@ -27,9 +27,9 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from broker.analyze.events import QUEUE_EVENTS, read_events, runs
-from broker.analyze.replay import COLUMNS, load_candidate, policy_checks, replay_partition
-from broker.analyze.spark import Progress, get_spark
+from plugbroker.analyze.events import QUEUE_EVENTS, read_events, runs
+from plugbroker.analyze.replay import COLUMNS, load_candidate, policy_checks, replay_partition
+from plugbroker.analyze.spark import Progress, get_spark
 
 ACTION_COLUMNS = (
     "at",
@@ -82,7 +82,7 @@ class BacktestResult:
 
     def summary(self) -> str:
         """A text table for people: one line per would-be action, then the real ones."""
-        from broker.analyze.htmlreport import fmt_time
+        from plugbroker.analyze.htmlreport import fmt_time
 
         lines = [
             f"backtest of {self.config} over {self.events:,} queue events; checks every "

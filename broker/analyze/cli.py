@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from broker.config.units import parse_duration
+from plugbroker.config.units import parse_duration
 
 
 def add_subparsers(sub: Any) -> None:
@@ -111,10 +111,10 @@ def add_subparsers(sub: Any) -> None:
 def _spark(args: argparse.Namespace) -> Any:
     import logging
 
-    from broker.analyze.spark import get_spark
+    from plugbroker.analyze.spark import get_spark
 
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    logging.getLogger("broker.pluginhost").setLevel(logging.WARNING)  # plugin loading lines
+    logging.getLogger("plugbroker.pluginhost").setLevel(logging.WARNING)  # plugin loading lines
     conf = {}
     for item in args.conf:
         key, sep, value = item.partition("=")
@@ -126,21 +126,21 @@ def _spark(args: argparse.Namespace) -> Any:
 
 def _run(fn: Any, *, journal: str, config: str | None = None) -> int:
     """Check the inputs and Java before Spark starts (one line and an exit code each, see
-    :mod:`broker.analyze.preflight`), then run ``fn``."""
-    from broker.analyze.events import JournalError, check_local_journal
-    from broker.analyze.preflight import (
+    :mod:`plugbroker.analyze.preflight`), then run ``fn``."""
+    from plugbroker.analyze.events import JournalError, check_local_journal
+    from plugbroker.analyze.preflight import (
         EXIT_ENVIRONMENT,
         EXIT_INPUT,
         EnvironmentProblem,
         check_java,
     )
-    from broker.config import ConfigError
-    from broker.registry import PluginError
+    from plugbroker.config import ConfigError
+    from plugbroker.registry import PluginError
 
     try:
         check_local_journal(journal)
         if config is not None:
-            from broker.analyze.replay import load_candidate
+            from plugbroker.analyze.replay import load_candidate
 
             path = Path(config)
             try:
@@ -163,7 +163,7 @@ def _run(fn: Any, *, journal: str, config: str | None = None) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     def go() -> int:
-        from broker.analyze.report import report
+        from plugbroker.analyze.report import report
 
         result = report(
             args.journal,
@@ -181,7 +181,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     def go() -> int:
-        from broker.analyze.backtest import backtest
+        from plugbroker.analyze.backtest import backtest
 
         result = backtest(
             args.journal,
@@ -199,7 +199,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     def go() -> int:
-        from broker.analyze.recommend import recommend
+        from plugbroker.analyze.recommend import recommend
 
         result = recommend(
             args.journal,

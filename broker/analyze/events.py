@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from plugins.journal import METADATA_KEY, SCHEMA_VERSION
+from plugbroker.plugins.journal import METADATA_KEY, SCHEMA_VERSION
 
 #: events that concern one message in one queue
 MESSAGE_EVENTS = (
@@ -378,7 +378,7 @@ def latency_bucket(col: Any) -> Any:
 
 def latency_label(i: int) -> str:
     """A histogram bucket's label, e.g. ``10-20ms``."""
-    from broker.config.units import format_duration
+    from plugbroker.config.units import format_duration
 
     lo = 0.0 if i == 0 else LATENCY_BOUNDS[i - 1]
     if i >= len(LATENCY_BOUNDS):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from broker.analyze.events import LATENCY_BOUNDS, MESSAGE_EVENTS
+from plugbroker.analyze.events import LATENCY_BOUNDS, MESSAGE_EVENTS
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
 

@@ -1,6 +1,6 @@
 """Look at a report page the way a person does: headless Chromium at a given width.
 
-``python3 -m broker.analyze.pagecheck report/report.html --width 1280 --screenshot page.png``
+``python3 -m plugbroker.analyze.pagecheck report/report.html --width 1280 --screenshot page.png``
 loads the page in Debian's ``chromium`` (``apt-get install chromium``), measures it (is it wider
 than the window, does any table or plot overflow its box, is any SVG text cut off at the edge of
 its plot) and writes a screenshot. It exits 1 and says what is wrong when the page needs
@@ -169,7 +169,7 @@ def check_page(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python3 -m broker.analyze.pagecheck",
+        prog="python3 -m plugbroker.analyze.pagecheck",
         description="check a report page in headless Chromium: no horizontal scrolling, "
         "no clipped label; optionally save a screenshot",
     )

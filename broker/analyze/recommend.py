@@ -26,7 +26,7 @@ Its promises, each kept here rather than left to the reader:
 * no proposed threshold would have missed an action the running broker really took: a
   threshold that the journal shows was passed by an applied action (its measured value) is
   lowered to the running broker's configured value, then the whole snippet is backtested over
-  the same journal (:func:`broker.analyze.backtest.backtest`, every check at a short period)
+  the same journal (:func:`plugbroker.analyze.backtest.backtest`, every check at a short period)
   and each real action must be matched by a would-be one on the same queue (and consumer, for
   isolation), no later; a threshold the backtest still shows missing one is withdrawn. The
   header comment says what the backtest found.
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from broker.analyze.events import (
+from plugbroker.analyze.events import (
     backlog_series,
     lifecycles,
     message_facts,
@@ -50,9 +50,9 @@ from broker.analyze.events import (
     runs,
     settlements,
 )
-from broker.analyze.spark import Progress, Scratch, get_spark
-from broker.config import DEFAULT_TOPIC_EXCHANGE
-from broker.config.units import format_duration, format_size
+from plugbroker.analyze.spark import Progress, Scratch, get_spark
+from plugbroker.config import DEFAULT_TOPIC_EXCHANGE
+from plugbroker.config.units import format_duration, format_size
 
 NICE_DURATIONS = (
     1,
@@ -352,7 +352,7 @@ def fmt_threshold(threshold: str, value: float) -> str:
 
 
 def _nice_bytes(v: float, floor: int) -> int:
-    from broker.config.units import parse_size
+    from plugbroker.config.units import parse_size
 
     return parse_size(nice_size(v, floor))
 
@@ -368,7 +368,7 @@ def _consumer_values(
 
 
 def _ms(v: float | None) -> str:
-    from broker.analyze.htmlreport import fmt_dur
+    from plugbroker.analyze.htmlreport import fmt_dur
 
     return fmt_dur(v)
 
@@ -508,7 +508,7 @@ def verify(
     misses an action the broker really took. Returns what the backtest found (for the
     comment): ``every``, ``actions`` (real ones on the proposed queues), ``caught``,
     ``withdrawn`` (descriptions)."""
-    from broker.analyze.backtest import backtest
+    from plugbroker.analyze.backtest import backtest
 
     with tempfile.TemporaryDirectory(prefix="plugbroker-recommend-") as tmp:
         path = Path(tmp) / "recommended.xml"
@@ -574,7 +574,7 @@ def render_xml(
     sections: list[Section] | None = None,
 ) -> str:
     """The snippet: a header comment, then one ``<virtualhost>`` per vhost."""
-    from broker.analyze.htmlreport import fmt_time
+    from plugbroker.analyze.htmlreport import fmt_time
 
     if sections is None:
         sections = plan(figures, settings)

@@ -5,12 +5,12 @@ the core keeps: the messages it holds (ready, unacked, awaiting the fate of a re
 arrival times and sizes, acks since declaration, its consumers with their unacked counts, last
 ack, first delivery and ack clock, its bindings (with exchange types) and so its resolved policy.
 At each check time of the candidate configuration it builds a
-:class:`broker.policy.Snapshot` of those figures and calls the policy jobs the
+:class:`plugbroker.policy.Snapshot` of those figures and calls the policy jobs the
 candidate's plugins registered
 (``registry.policy_jobs()``: the built-in slow-consumer and isolation checks and any plugin's,
 found the same way), each at its own period, with its own state and the candidate's named
 policies: the very functions the housekeeping pool runs in the broker, called the same way,
-``policy(snapshot, state, policies)`` (:class:`broker.policy.Policy`).
+``policy(snapshot, state, policies)`` (:class:`plugbroker.policy.Policy`).
 
 Time is the journal's wall clock in seconds; the policies only look at differences, so that
 stands in for the broker's monotonic clock. The replay follows what really happened (the journal);
@@ -20,12 +20,12 @@ again, a consumer it would have isolated counts as isolated until it acks, rejec
 consumer whose prefetch it would have set has that prefetch from then on.
 
 The candidate's ``<blastRadius>`` budgets are applied as the core applies them
-(:mod:`broker.budget`, on the journal's clock): an action over its vhost's budget is recorded
+(:mod:`plugbroker.budget`, on the journal's clock): an action over its vhost's budget is recorded
 with outcome ``deferred``, has no simulated effect, and is handed back to its job in
 ``state[DEFERRED]`` at the next check. One difference: the replay cannot tell that an action
 would have found nothing to act on (``stale`` in the broker), so such an action counts here.
 
-This module is plain Python (no Spark): :mod:`broker.analyze.backtest` runs it in Spark tasks,
+This module is plain Python (no Spark): :mod:`plugbroker.analyze.backtest` runs it in Spark tasks,
 one per group of queues, and tests can run it directly.
 """
 
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.budget import Budgets, counts
-from broker.policy import (
+from plugbroker.budget import Budgets, counts
+from plugbroker.policy import (
     DEFERRED,
     Action,
     ConsumerView,
@@ -56,14 +56,14 @@ from broker.policy import (
     Snapshot,
     Spared,
 )
-from broker.registry import resolve_period
-from broker.subscription import SHARED
+from plugbroker.registry import resolve_period
+from plugbroker.subscription import SHARED
 
 if TYPE_CHECKING:
-    from broker.config import BrokerConfig
-    from broker.pluginhost import PluginHost
+    from plugbroker.config import BrokerConfig
+    from plugbroker.pluginhost import PluginHost
 
-log = logging.getLogger("broker.analyze.replay")
+log = logging.getLogger("plugbroker.analyze.replay")
 
 #: the columns a replayed event carries, in this order
 COLUMNS = (
@@ -322,8 +322,8 @@ def load_candidate(
     policy jobs and plugin elements are known, then parses and validates the file exactly as the
     broker would.
     """
-    from broker.config import parse_config
-    from broker.runner import load_plugins
+    from plugbroker.config import parse_config
+    from plugbroker.runner import load_plugins
 
     fd, tmp = tempfile.mkstemp(suffix=".xml", prefix="plugbroker-candidate-")
     try:
@@ -349,7 +349,7 @@ def policy_checks(
     its ``period_key`` names, else ``<housekeeping><period>``), unless ``every`` (seconds)
     overrides them all.
     """
-    from broker.runner import period_for
+    from plugbroker.runner import period_for
 
     registry = plugins.registry
     default = float(config.housekeeping_period)
@@ -515,13 +515,13 @@ class Replayer:
                 deferred.append(a)
             else:
                 self._simulate(a)
-        if deferred:  # as the housekeeping pool tells the job (broker.policy.DEFERRED)
+        if deferred:  # as the housekeeping pool tells the job (plugbroker.policy.DEFERRED)
             check.state[DEFERRED] = deferred
         self._close_streaks(check.name, keep=seen)
 
     def _budgeted(self, a: Action, now: float) -> str:
         """The outcome to record for ``a``: ``deferred`` when the candidate's ``<blastRadius>``
-        for its vhost has no room at ``now`` (the same :class:`broker.budget.Budget` the core
+        for its vhost has no room at ``now`` (the same :class:`plugbroker.budget.Budget` the core
         applies), else as usual; an action that fits is counted."""
         outcome = _OUTCOME.get(type(a), "applied")
         if outcome != "applied" or not counts(a):
@@ -671,7 +671,7 @@ def _settled_by(r: Replayer, q: QueueState, ev: Sequence[Any], now: float) -> No
 
 def _restart_clock(c: ConsumerState, now: float) -> None:
     """An ack, nack, reject or touch restarts the clock as the core does
-    (:func:`broker.domain.fate.restart_clock`): from now, or from the earliest due time when
+    (:func:`plugbroker.domain.fate.restart_clock`): from now, or from the earliest due time when
     all it holds are deliveries not due yet."""
     if c.unacked <= 0:
         c.busy_since = None

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from broker.analyze.events import (
+from plugbroker.analyze.events import (
     LATENCY_BOUNDS,
     MESSAGE_EVENTS,
     backlog_series,
@@ -40,8 +40,8 @@ from broker.analyze.events import (
     read_events,
     settlements,
 )
-from broker.analyze.htmlreport import subscription_label
-from broker.analyze.spark import Progress, Scratch, get_spark
+from plugbroker.analyze.htmlreport import subscription_label
+from plugbroker.analyze.spark import Progress, Scratch, get_spark
 
 TABLES = (
     "queues",
@@ -118,7 +118,7 @@ def report(
     :param top: how many of the busiest queues get plots on the page (tables list every queue).
     :param buckets: about how many time buckets the series has (the width is a round number).
     :param scratch: a directory for intermediate results, shared by every executor (see
-        :class:`broker.analyze.spark.Scratch`); a temporary one in local mode.
+        :class:`plugbroker.analyze.spark.Scratch`); a temporary one in local mode.
     """
     from pyspark.sql import functions as F
 
@@ -278,7 +278,7 @@ def report(
         keys = pc.binary_join_element_wise(tbl.column("vhost"), tbl.column("queue"), "\u0000")
         return tbl.filter(pc.is_in(keys, value_set=wanted)).to_pylist()
 
-    from broker.analyze.htmlreport import render
+    from plugbroker.analyze.htmlreport import render
 
     html = render(
         journal=str(journal),
@@ -410,7 +410,7 @@ def _overview(events: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         .collect()
     )
     if not rows:
-        from broker.analyze.events import JournalError
+        from plugbroker.analyze.events import JournalError
 
         raise JournalError("the journal holds no events")
     by_event: dict[str, int] = {}
@@ -439,7 +439,7 @@ def _overview(events: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def _consumers(bucketed: Any, events: Any, pairs: Any) -> Any:
-    """Per consumer, from :func:`~broker.analyze.events.bucket_counts` (``bucketed``), the
+    """Per consumer, from :func:`~plugbroker.analyze.events.bucket_counts` (``bucketed``), the
     journal's ``consumer_removed`` events and the paired settlements."""
     from pyspark.sql import functions as F
 

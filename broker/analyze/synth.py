@@ -1,6 +1,6 @@
 """A synthetic journal of any size, for benchmarks and for trying the pipeline without a broker.
 
-    python3 -m broker.analyze.synth --events 10000000 --out /tmp/journal [--queues 24]
+    python3 -m plugbroker.analyze.synth --events 10000000 --out /tmp/journal [--queues 24]
         [--consumers 3] [--rate 2000] [--seed 1]
 
 It writes the same schema, directory layout and file naming as the journal plugin (files rolled by
@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plugins.journal import FIELDS, SCHEMA, SCHEMA_VERSION
+from plugbroker.plugins.journal import FIELDS, SCHEMA, SCHEMA_VERSION
 
 _STRING_COLS = [n for n, t in FIELDS if t == pa.string() and n != "run"]
 _NUMERIC = {
@@ -596,7 +596,8 @@ def _write(table: pa.Table, ts_us: np.ndarray, out: Path, run: str, file_rows: i
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python3 -m broker.analyze.synth", description="write a synthetic plugbroker journal"
+        prog="python3 -m plugbroker.analyze.synth",
+        description="write a synthetic plugbroker journal",
     )
     ap.add_argument("--out", required=True, help="journal directory to write")
     ap.add_argument("--events", type=float, default=1e6, help="about how many events (1e7 ok)")

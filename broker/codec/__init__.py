@@ -1,6 +1,6 @@
 """The sans-IO AMQP 0-9-1 codec: bytes in, events out; methods in, bytes out."""
 
-from broker.codec.events import (
+from plugbroker.codec.events import (
     CLIENT_METHODS,
     Event,
     Heartbeat,
@@ -9,9 +9,9 @@ from broker.codec.events import (
     Publish,
     UnexpectedMethod,
 )
-from broker.codec.frames import NEED_DATA, PROTOCOL_HEADER, ServerCodec
-from broker.codec.ids import MethodId
-from broker.codec.methods import BY_NAME, METHODS, MethodSpec
+from plugbroker.codec.frames import NEED_DATA, PROTOCOL_HEADER, ServerCodec
+from plugbroker.codec.ids import MethodId
+from plugbroker.codec.methods import BY_NAME, METHODS, MethodSpec
 
 __all__ = [
     "BY_NAME",

@@ -2,9 +2,9 @@
 
 Every method a client may send has its own class here (``QueueBind(channel, queue, exchange,
 routing_key, nowait, arguments)``). Each class names its method with two class attributes,
-``ID`` (a :class:`~broker.codec.ids.MethodId`) and ``NAME`` (``"queue.bind"``); its fields are
+``ID`` (a :class:`~plugbroker.codec.ids.MethodId`) and ``NAME`` (``"queue.bind"``); its fields are
 the method's arguments in wire order, after ``channel``, without the ``reserved`` (ticket)
-argument. :mod:`broker.codec.methods` checks at import that every class agrees with the method
+argument. :mod:`plugbroker.codec.methods` checks at import that every class agrees with the method
 table, so a field cannot drift from the wire format.
 
 A method in the table that the broker never takes from a client (``queue.declare_ok``, or
@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from broker.codec import ids
-from broker.codec.ids import MethodId
+from plugbroker.codec import ids
+from plugbroker.codec.ids import MethodId
 
 #: an AMQP field table as py-amqp decodes it
 FieldTable = dict[str, Any]
@@ -443,5 +443,5 @@ CLIENT_METHODS: tuple[type[MethodEvent], ...] = (
     TxRollback,
 )
 
-#: what :meth:`broker.codec.ServerCodec.next_event` returns (besides ``NEED_DATA``)
+#: what :meth:`plugbroker.codec.ServerCodec.next_event` returns (besides ``NEED_DATA``)
 Event = ProtocolHeader | Heartbeat | MethodEvent | UnexpectedMethod

@@ -7,9 +7,9 @@ receive_data`, events come out of :meth:`ServerCodec.next_event` (or :data:`NEED
 Content is assembled here: a ``basic.publish`` method frame, its content header and its body
 frames come out as one :class:`Publish` event whose ``properties`` are the raw property bytes of
 the header, passed through to consumers byte for byte. Routing reads only what it needs from
-them (:func:`broker.codec.properties.peek`).
+them (:func:`plugbroker.codec.properties.peek`).
 
-Framing errors raise :class:`broker.errors.ConnectionError_` (or :class:`ChannelError` for a
+Framing errors raise :class:`plugbroker.errors.ConnectionError_` (or :class:`ChannelError` for a
 per-channel content error) carrying the reply code; after a framing error the codec is
 ``broken`` and discards further input, since frame boundaries can no longer be trusted.
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, Final
 
-from broker.codec.events import (
+from plugbroker.codec.events import (
     BasicAck,
     Event,
     Heartbeat,
@@ -30,11 +30,11 @@ from broker.codec.events import (
     Publish,
     UnexpectedMethod,
 )
-from broker.codec.ids import BASIC_ACK, BASIC_CLASS, BASIC_DELIVER, BASIC_PUBLISH, MethodId
-from broker.codec.methods import BY_NAME, decode_args, encode_args, lookup
-from broker.codec.properties import PropertiesError, peek
-from broker.codec.tables import MAX_DEPTH, MIN_LEVEL_BYTES, too_deep
-from broker.errors import (
+from plugbroker.codec.ids import BASIC_ACK, BASIC_CLASS, BASIC_DELIVER, BASIC_PUBLISH, MethodId
+from plugbroker.codec.methods import BY_NAME, decode_args, encode_args, lookup
+from plugbroker.codec.properties import PropertiesError, peek
+from plugbroker.codec.tables import MAX_DEPTH, MIN_LEVEL_BYTES, too_deep
+from plugbroker.errors import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
     FRAME_ERROR,
@@ -275,7 +275,7 @@ class ServerCodec:
     def next_event(self) -> Event | _NeedData:
         """The next complete event, or :data:`NEED_DATA`.
 
-        Raises an :class:`~broker.errors.AMQPError` for input that breaks the protocol.
+        Raises an :class:`~plugbroker.errors.AMQPError` for input that breaks the protocol.
         """
         if self.broken:
             return NEED_DATA

@@ -1,7 +1,7 @@
 """Named class and method ids of AMQP 0-9-1.
 
 A :class:`MethodId` is a ``(class_id, method_id)`` pair. It is a tuple, so it compares equal to
-the plain pair, and it is what errors carry (:attr:`broker.errors.AMQPError.method`) and what a
+the plain pair, and it is what errors carry (:attr:`plugbroker.errors.AMQPError.method`) and what a
 ``connection.close`` / ``channel.close`` reports back to the client. Code outside this module
 names a method by its constant (``QUEUE_BIND``), never by its numbers.
 """

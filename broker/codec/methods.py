@@ -1,13 +1,13 @@
 """The AMQP 0-9-1 method table.
 
-Each method has its id (a named constant from :mod:`broker.codec.ids`), a name, its argument
+Each method has its id (a named constant from :mod:`plugbroker.codec.ids`), a name, its argument
 names and a py-amqp serialization format (``b`` bit, ``o`` octet, ``B`` short, ``l`` long, ``L``
 long long, ``s`` shortstr, ``S``/``x`` longstr as text/bytes, ``F`` table). Argument tables are
 encoded and decoded with :mod:`amqp.serialization`; only the four hot methods (publish,
 deliver, ack, and the content header) have hand-written fast paths in
-:mod:`broker.codec.frames`, checked against this table by the tests.
+:mod:`plugbroker.codec.frames`, checked against this table by the tests.
 
-A method a client may send also has its event class (:mod:`broker.codec.events`); the table
+A method a client may send also has its event class (:mod:`plugbroker.codec.events`); the table
 checks at import that the class's fields are the method's arguments, and
 :meth:`MethodSpec.event_of` builds the event from decoded arguments.
 """
@@ -19,11 +19,11 @@ from typing import Any
 
 from amqp.serialization import dumps, loads
 
-from broker.codec import ids
-from broker.codec.events import CLIENT_METHODS, MethodEvent, UnexpectedMethod
-from broker.codec.ids import MethodId
-from broker.codec.tables import MAX_DEPTH, MIN_LEVEL_BYTES, too_deep
-from broker.errors import NOT_IMPLEMENTED, SYNTAX_ERROR, ConnectionError_
+from plugbroker.codec import ids
+from plugbroker.codec.events import CLIENT_METHODS, MethodEvent, UnexpectedMethod
+from plugbroker.codec.ids import MethodId
+from plugbroker.codec.tables import MAX_DEPTH, MIN_LEVEL_BYTES, too_deep
+from plugbroker.errors import NOT_IMPLEMENTED, SYNTAX_ERROR, ConnectionError_
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,8 @@ AMQP field tables (``F``) and arrays (``A``) nest. A peer can nest them hundreds
 deep in a few kilobytes, and every recursive encoder or decoder (py-amqp's, SQLite's JSON, the
 ``repr`` in a log line) then raises ``RecursionError`` somewhere far from the frame that
 brought it. The broker refuses such tables where they are parsed: method arguments
-(:func:`broker.codec.methods.decode_args`) and the ``headers`` property of a published message
-(:class:`broker.codec.frames.ServerCodec`), with 502 SYNTAX_ERROR.
+(:func:`plugbroker.codec.methods.decode_args`) and the ``headers`` property of a published message
+(:class:`plugbroker.codec.frames.ServerCodec`), with 502 SYNTAX_ERROR.
 
 :func:`too_deep` walks the bytes with an explicit stack, so it cannot itself recurse, and it is
 only called when the table is long enough to nest past the bound: every level costs at least

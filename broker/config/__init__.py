@@ -2,16 +2,16 @@
 
 A package of small modules, each with one concern; import the public names from here:
 
-* :mod:`~broker.config.errors`: :class:`ConfigError`, located at file, line and element;
-* :mod:`~broker.config.units`: durations and sizes as written in the file;
-* :mod:`~broker.config.schema`: XML syntax and the XML Schema ``config/plugbroker.xsd``, with
+* :mod:`~plugbroker.config.errors`: :class:`ConfigError`, located at file, line and element;
+* :mod:`~plugbroker.config.units`: durations and sizes as written in the file;
+* :mod:`~plugbroker.config.schema`: XML syntax and the XML Schema ``config/plugbroker.xsd``, with
   lxml's messages turned into located, readable errors;
-* :mod:`~broker.config.model`: the immutable model (:class:`BrokerConfig`, :class:`VhostConfig`,
+* :mod:`~plugbroker.config.model`: the immutable model (:class:`BrokerConfig`, :class:`VhostConfig`,
   ...) and per-queue policy resolution (:meth:`VhostConfig.resolve`);
-* :mod:`~broker.config.registry`: :class:`ConfigElementRegistry`, the elements, policies and
+* :mod:`~plugbroker.config.registry`: :class:`ConfigElementRegistry`, the elements, policies and
   backoff types plugins add to the language;
-* :mod:`~broker.config.context`: :class:`ParseContext`, the helpers every element parser uses;
-* :mod:`~broker.config.loader`: the walk over the core elements, and the entry points
+* :mod:`~plugbroker.config.context`: :class:`ParseContext`, the helpers every element parser uses;
+* :mod:`~plugbroker.config.loader`: the walk over the core elements, and the entry points
   :func:`load_config`, :func:`parse_config` and :func:`load_default`.
 
 The package knows no policy. The sections of the built-in plugins (``<consumer>``,
@@ -21,10 +21,10 @@ registered through the ``broker_add_config_elements`` hook like any third-party 
 
 from __future__ import annotations
 
-from broker.config.context import OptionCheck, ParseContext, SectionScope
-from broker.config.errors import ConfigError
-from broker.config.loader import builtin_registry, load_config, load_default, parse_config
-from broker.config.model import (
+from plugbroker.config.context import OptionCheck, ParseContext, SectionScope
+from plugbroker.config.errors import ConfigError
+from plugbroker.config.loader import builtin_registry, load_config, load_default, parse_config
+from plugbroker.config.model import (
     DEFAULT_TOPIC_EXCHANGE,
     BlastRadiusConfig,
     BrokerConfig,
@@ -41,15 +41,15 @@ from broker.config.model import (
     User,
     VhostConfig,
 )
-from broker.config.registry import (
+from plugbroker.config.registry import (
     REACH_ANY,
     REACH_TOPIC_SUBSCRIPTIONS,
     ConfigElementRegistry,
     ElementParser,
     RegistryLike,
 )
-from broker.config.schema import default_config_path, schema_path
-from broker.subscription import SUBSCRIPTION_TYPES
+from plugbroker.config.schema import default_config_path, schema_path
+from plugbroker.subscription import SUBSCRIPTION_TYPES
 
 __all__ = [
     "DEFAULT_TOPIC_EXCHANGE",

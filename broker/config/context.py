@@ -1,6 +1,6 @@
 """What element parsers (the core's and every plugin's) get: :class:`ParseContext`.
 
-A parser is ``parser(el, ctx) -> value`` (see :class:`~broker.config.ConfigElementRegistry`).
+A parser is ``parser(el, ctx) -> value`` (see :class:`~plugbroker.config.ConfigElementRegistry`).
 ``ctx`` turns text into values (durations, sizes, numbers, booleans, level lists) and raises a
 :class:`ConfigError` located at the element that holds a bad one, so that a plugin's messages
 read exactly like the core's: ``file:line: <element>: message``. It also reads a section's
@@ -17,10 +17,10 @@ from decimal import Decimal
 from math import isfinite
 from typing import Any, TypeVar, overload
 
-from broker.config.errors import ConfigError
-from broker.config.model import XML_FALSE, XML_TRUE, PolicyRef, frozen_map
-from broker.config.registry import RegistryLike
-from broker.config.units import (
+from plugbroker.config.errors import ConfigError
+from plugbroker.config.model import XML_FALSE, XML_TRUE, PolicyRef, frozen_map
+from plugbroker.config.registry import RegistryLike
+from plugbroker.config.units import (
     format_duration,
     format_size,
     parse_duration,
@@ -31,7 +31,7 @@ from broker.config.units import (
 __all__ = ["OptionCheck", "ParseContext", "SectionScope", "children", "local_name", "quote"]
 
 
-log = logging.getLogger("broker.config")
+log = logging.getLogger("plugbroker.config")
 
 
 def quote(value: str) -> str:

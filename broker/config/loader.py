@@ -4,7 +4,7 @@ Loading happens in three passes, and each reports a problem the same way, as a
 :class:`ConfigError` that names the file, the line and the element
 (``config/bad.xml:12: <messageAge>: '10 minutes' is not a duration ...``):
 
-1. XML syntax and 2. the XML Schema ``config/plugbroker.xsd`` (:mod:`broker.config.schema`);
+1. XML syntax and 2. the XML Schema ``config/plugbroker.xsd`` (:mod:`plugbroker.config.schema`);
 3. this module's walk, which checks what a schema cannot say well: ranges, cross-field rules,
    placement and "at most once" in the open containers, and *plugin elements*.
 
@@ -31,9 +31,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from broker.config.context import ParseContext, children, local_name, quote
-from broker.config.errors import ConfigError
-from broker.config.model import (
+from plugbroker.config.context import ParseContext, children, local_name, quote
+from plugbroker.config.errors import ConfigError
+from plugbroker.config.model import (
     DEFAULT_TOPIC_EXCHANGE,
     XML_TRUE,
     BlastRadiusConfig,
@@ -50,8 +50,8 @@ from broker.config.model import (
     default_users,
     frozen_map,
 )
-from broker.config.registry import ConfigElementRegistry, ElementParser, RegistryLike
-from broker.config.schema import (
+from plugbroker.config.registry import ConfigElementRegistry, ElementParser, RegistryLike
+from plugbroker.config.schema import (
     BROKER_CHILDREN,
     BROKER_SINGLETONS,
     CORE_ELEMENTS,
@@ -62,19 +62,19 @@ from broker.config.schema import (
     suggest,
     validate,
 )
-from broker.config.units import format_duration
-from broker.config.users import (
+from plugbroker.config.units import format_duration
+from plugbroker.config.users import (
     DEFAULT_HASHING_ALGORITHM,
     KNOWN_TAGS,
     Permission,
     compile_pattern,
     decode_password_hash,
 )
-from broker.routing import STANDARD_EXCHANGES
+from plugbroker.routing import STANDARD_EXCHANGES
 
 __all__ = ["builtin_registry", "load_config", "load_default", "parse_config"]
 
-log = logging.getLogger("broker.config")
+log = logging.getLogger("plugbroker.config")
 
 
 class _Loader:
@@ -627,7 +627,7 @@ class _Loader:
 def builtin_registry() -> ConfigElementRegistry:
     """The elements, policies and backoffs of the built-in plugins, as the plugin host collects
     them (what ``parse_config`` uses when it is given no registry)."""
-    from broker.pluginhost import builtin_config_registry
+    from plugbroker.pluginhost import builtin_config_registry
 
     return builtin_config_registry()
 

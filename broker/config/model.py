@@ -28,9 +28,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from broker.config.units import format_duration, format_size
-from broker.config.users import DEFAULT_HASHING_ALGORITHM, Permission, check_password_hash
-from broker.routing import STANDARD_EXCHANGES, topic_words_match
+from plugbroker.config.units import format_duration, format_size
+from plugbroker.config.users import DEFAULT_HASHING_ALGORITHM, Permission, check_password_hash
+from plugbroker.routing import STANDARD_EXCHANGES, topic_words_match
 
 __all__ = [
     "DEFAULT_TOPIC_EXCHANGE",
@@ -76,7 +76,7 @@ class User:
     """A user who may log in (PLAIN/AMQPLAIN) and what it may do once in.
 
     Exactly one of ``password`` (plain text, accepted with a warning) and ``password_hash``
-    (RabbitMQ's salt + digest, see :mod:`broker.config.users`) is set.
+    (RabbitMQ's salt + digest, see :mod:`plugbroker.config.users`) is set.
     """
 
     name: str
@@ -363,7 +363,7 @@ class TopicMatcher:
     """AMQP topic pattern matching on words: ``*`` is exactly one word, ``#`` zero or more.
 
     Split once per ``<topic>`` at load; the matching itself is the topic exchange's
-    (:func:`broker.routing.topic_words_match`), so a ``<topic>`` policy reads a pattern
+    (:func:`plugbroker.routing.topic_words_match`), so a ``<topic>`` policy reads a pattern
     the way the router does. The binding key being tested is matched literally (a binding key
     ``stocks.us.*`` is matched by the pattern ``stocks.#``). An empty binding key has zero words
     here, so only ``#`` (or an empty pattern) matches it; the router splits an empty routing key
@@ -451,7 +451,7 @@ class TopicConfig:
 @dataclass(frozen=True, slots=True)
 class BlastRadiusConfig:
     """``<blastRadius>``: what all policies together may do to one vhost in a sliding minute
-    (see :mod:`broker.budget`); ``None`` for a limit that is not set."""
+    (see :mod:`plugbroker.budget`); ``None`` for a limit that is not set."""
 
     max_actions_per_minute: int | None = None
     max_consumers_affected: int | None = None

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.config.schema import CORE_ELEMENTS
+from plugbroker.config.schema import CORE_ELEMENTS
 
 if TYPE_CHECKING:
-    from broker.config.context import ParseContext
+    from plugbroker.config.context import ParseContext
 
 __all__ = [
     "REACH_ANY",
@@ -55,7 +55,7 @@ class ConfigElementRegistry:
     Two levels exist:
 
     * ``"section"``: an element under ``<virtualhost>``, ``<queue>`` or ``<topic>``; its parsed
-      value resolves per queue and shows up in :class:`~broker.config.ResolvedPolicy` under the
+      value resolves per queue and shows up in :class:`~plugbroker.config.ResolvedPolicy` under the
       element's name (``<consumer>``, ``<isolation>`` and ``<deadLetter>`` are sections of the
       built-in plugins).
     * ``"broker"``: an element directly under ``<broker>`` (broker-wide settings such as an admin
@@ -81,7 +81,7 @@ class ConfigElementRegistry:
         ``reach`` (sections only) says which queues the section reaches from ``<virtualhost>``
         and ``<topic>``: :data:`REACH_ANY` (every queue they cover) or
         :data:`REACH_TOPIC_SUBSCRIPTIONS` (topic subscriptions only; see
-        :meth:`broker.config.VhostConfig.resolve`).
+        :meth:`plugbroker.config.VhostConfig.resolve`).
 
         :raises ValueError: for a core element's name, a name already registered, a bad level or
             a bad reach.

@@ -30,8 +30,8 @@ from typing import Any
 
 from lxml import etree
 
-from broker.config.errors import ConfigError
-from broker.config.units import (
+from plugbroker.config.errors import ConfigError
+from plugbroker.config.units import (
     DURATION_PATTERN,
     SIZE_PATTERN,
     parse_duration,
@@ -79,7 +79,7 @@ CORE_ELEMENTS: frozenset[str] = frozenset((*BROKER_CHILDREN, *VHOST_CHILDREN, "b
 
 
 #: ``config/`` of the source tree, installed as this package (pyproject.toml's package-dir)
-DATA_PACKAGE = "plugbroker_config"
+DATA_PACKAGE = "plugbroker.config_data"
 
 
 def config_file(name: str) -> Traversable:
@@ -92,7 +92,7 @@ def config_file(name: str) -> Traversable:
     """
     from importlib import resources
 
-    here = resources.files("broker")
+    here = resources.files("plugbroker")
     parent = getattr(here, "parent", None)  # a directory (pathlib) or a zip folder (zipfile)
     beside = parent.joinpath("config", name) if parent is not None else None
     if beside is not None and beside.is_file():

@@ -12,7 +12,7 @@ The same grammar is expressed as patterns in ``config/plugbroker.xsd`` (:data:`D
 sees in ``file:line: <element>: ...`` reports, so they say what *would* have been accepted.
 
 This module is the one home of these conversions: the loader, plugin parsers (through
-:class:`broker.config.ParseContext`), the schema's error messages and the analysis pipeline all
+:class:`plugbroker.config.ParseContext`), the schema's error messages and the analysis pipeline all
 use it.
 """
 

@@ -9,7 +9,7 @@ A :class:`Permission` is RabbitMQ's configure/write/read triple for one vhost. E
 regular expression *searched* in the resource name (RabbitMQ runs ``re:run`` on the name: it
 matches anywhere unless the pattern is anchored with ``^`` and ``$``); the empty pattern means
 "nothing" (RabbitMQ reads it as ``^$``). Which operation needs which permission on which
-resource is the session's business (:mod:`broker.session`); this module only answers "may this
+resource is the session's business (:mod:`plugbroker.session`); this module only answers "may this
 user do *kind* on a resource named *name*".
 """
 
@@ -40,7 +40,7 @@ __all__ = [
     "warn_plain_passwords",
 ]
 
-log = logging.getLogger("broker.config")
+log = logging.getLogger("plugbroker.config")
 
 #: hashingAlgorithm -> hash function (RabbitMQ's rabbit_password_hashing_sha256 / _sha512)
 HASHING_ALGORITHMS: dict[str, Callable[[bytes], hashlib._Hash]] = {

@@ -2,7 +2,7 @@
 scheduled task for a stuck worker. One line, where the Celery app is created::
 
     from celery import Celery
-    from broker.contrib.celery import install
+    from plugbroker.contrib.celery import install
 
     app = Celery("proj", broker="amqp://...")
     install(app)                    # touches at half the queue's ackTimeout
@@ -11,7 +11,7 @@ scheduled task for a stuck worker. One line, where the Celery app is created::
 worker receives (Celery's ``task_received`` signal: tasks about to run and tasks with an ETA or
 countdown that the worker holds until they are due) that carries ``x-ack-timeout`` (the broker
 puts it on deliveries from queues under isolation), a background thread touches the delivery
-(:func:`broker.contrib.touch.touch`) every ``fraction`` of that timeout, until the worker acks
+(:func:`plugbroker.contrib.touch.touch`) every ``fraction`` of that timeout, until the worker acks
 it. Messages without the header (another broker, a queue without isolation) are left alone,
 so the step changes nothing there.
 
@@ -31,9 +31,9 @@ from typing import Any
 from celery import bootsteps
 from celery.signals import task_received
 
-from broker.contrib.touch import ack_timeout, serialise_writes, touch
+from plugbroker.contrib.touch import ack_timeout, serialise_writes, touch
 
-log = logging.getLogger("broker.contrib.celery")
+log = logging.getLogger("plugbroker.contrib.celery")
 
 #: the setting :func:`install` writes: the fraction of the ack timeout between two touches
 FRACTION_SETTING = "plugbroker_touch_fraction"

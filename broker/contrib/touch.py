@@ -2,7 +2,7 @@
 
 ::
 
-    from broker.contrib.touch import ack_timeout, touch
+    from plugbroker.contrib.touch import ack_timeout, touch
 
     def handle(body, message):          # a kombu (or py-amqp) consumer callback
         for chunk in work(body):
@@ -99,7 +99,7 @@ def touch(message: Any) -> bool:
     requeued (kombu's ``message.acknowledged``) or one delivered with no-ack, ``True`` once the
     touch is written. A broker that is not plugbroker has no ``amq.touch`` and closes the
     channel with 404: call it only for messages that carry ``x-ack-timeout``
-    (:func:`ack_timeout`), as :mod:`broker.contrib.celery` does.
+    (:func:`ack_timeout`), as :mod:`plugbroker.contrib.celery` does.
     """
     if getattr(message, "acknowledged", False):
         return False

@@ -1,6 +1,6 @@
-"""The core's narrow door: :class:`~broker.core.api.BrokerAPI` (views and commands over a running
-broker) and :mod:`broker.core.actions` (how policy actions are applied through it)."""
+"""The core's narrow door: :class:`~plugbroker.core.api.BrokerAPI` (views and commands over a running
+broker) and :mod:`plugbroker.core.actions` (how policy actions are applied through it)."""
 
-from broker.core.api import BrokerAPI, NotFound
+from plugbroker.core.api import BrokerAPI, NotFound
 
 __all__ = ["BrokerAPI", "NotFound"]

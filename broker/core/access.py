@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker.config.users import is_loopback
+from plugbroker.config.users import is_loopback
 
 if TYPE_CHECKING:
-    from broker.config import BrokerConfig
-    from broker.core.api import BrokerAPI, ConnectionInfo
+    from plugbroker.config import BrokerConfig
+    from plugbroker.core.api import BrokerAPI, ConnectionInfo
 
 __all__ = ["revoke_lost_access"]
 

@@ -1,6 +1,6 @@
 """How policy actions are applied: one handler per action type, through the core API only.
 
-A policy returns :class:`~broker.policy.Action` values; the housekeeping pool hands them to
+A policy returns :class:`~plugbroker.policy.Action` values; the housekeeping pool hands them to
 :func:`apply_actions` on the broker's loop. Each action type has one handler in
 :data:`HANDLERS` (``{Action type: handler}``), which re-checks that the action still holds (the
 queue and consumer are still there, the consumer did not ack since the snapshot) and returns
@@ -9,13 +9,13 @@ the outcome: ``applied``, ``logged``, ``spared``, ``stale`` (nothing left to act
 vhost's blast-radius budget, see below). A subclass of an action type is applied by its base's
 handler unless it has one of its own.
 
-Before a handler runs, an action that counts (:func:`broker.budget.counts`: not
-:class:`~broker.policy.LogOnly`, :class:`~broker.policy.Spared` nor a release) is checked against
+Before a handler runs, an action that counts (:func:`plugbroker.budget.counts`: not
+:class:`~plugbroker.policy.LogOnly`, :class:`~plugbroker.policy.Spared` nor a release) is checked against
 its vhost's ``<blastRadius>`` budget on the broker's clock: over it, the action is not applied,
 a line is logged and the outcome is ``deferred``. An action that is applied is counted, with the
 consumers it affected (the one it names, else every consumer of the queue).
 
-Handlers see only :class:`~broker.core.api.BrokerAPI`, so the same actions could be applied to
+Handlers see only :class:`~plugbroker.core.api.BrokerAPI`, so the same actions could be applied to
 another broker by another applier with the same table shape.
 """
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from broker.budget import ConsumerKey, counts
-from broker.core.api import BrokerAPI
-from broker.policy import (
+from plugbroker.budget import ConsumerKey, counts
+from plugbroker.core.api import BrokerAPI
+from plugbroker.policy import (
     Action,
     CancelConsumer,
     CloseConsumerChannels,
@@ -40,7 +40,7 @@ from broker.policy import (
 )
 
 log = logging.getLogger("broker")
-policy_log = logging.getLogger("broker.policy")
+policy_log = logging.getLogger("plugbroker.policy")
 
 #: ``handler(api, action, what) -> outcome``; ``what`` is the log prefix naming the policy,
 #: the queue, the threshold and the consumers

@@ -10,7 +10,7 @@ id, and say what they did.
 Every method runs on the broker's event loop, where hooks already run. Code on another thread
 (the admin server, a housekeeping job) goes through :meth:`BrokerAPI.call_on_loop`.
 
-What happens to a message is decided in :mod:`broker.domain.fate`; the commands here that move
+What happens to a message is decided in :mod:`plugbroker.domain.fate`; the commands here that move
 messages (isolate, release, redrive) call it, so their hooks fire as on any other path.
 """
 
@@ -21,22 +21,22 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-import broker as _pkg
-from broker.alarms import rss_bytes
-from broker.codec import properties as props_codec
-from broker.codec.ids import QUEUE_DECLARE
-from broker.domain import fate
-from broker.errors import PRECONDITION_FAILED, ChannelError, name_problem
+import plugbroker as _pkg
+from plugbroker.alarms import rss_bytes
+from plugbroker.codec import properties as props_codec
+from plugbroker.codec.ids import QUEUE_DECLARE
+from plugbroker.domain import fate
+from plugbroker.errors import PRECONDITION_FAILED, ChannelError, name_problem
 
 if TYPE_CHECKING:
-    from broker.app import Broker
-    from broker.budget import Budget
-    from broker.clock import Clock
-    from broker.config import BrokerConfig
-    from broker.domain.message import Message
-    from broker.domain.queue import Consumer, Queue
-    from broker.policy import Action, Snapshot
-    from broker.session import Connection
+    from plugbroker.app import Broker
+    from plugbroker.budget import Budget
+    from plugbroker.clock import Clock
+    from plugbroker.config import BrokerConfig
+    from plugbroker.domain.message import Message
+    from plugbroker.domain.queue import Consumer, Queue
+    from plugbroker.policy import Action, Snapshot
+    from plugbroker.session import Connection
 
 
 class NotFound(LookupError):
@@ -638,7 +638,7 @@ class BrokerAPI:
         """Declare a queue (or find the existing one) as a client's queue.declare would.
 
         :raises NotFound: no such vhost.
-        :raises broker.errors.ChannelError: arguments that a client would be refused for.
+        :raises plugbroker.errors.ChannelError: arguments that a client would be refused for.
         """
         problem = name_problem(name)
         if problem:
@@ -807,8 +807,8 @@ class BrokerAPI:
         return RedriveResult(moved, kept, planned)
 
     def apply_actions(self, actions: Sequence[Action]) -> list[str]:
-        """Apply policy actions in order (see :mod:`broker.core.actions`); one outcome each."""
-        from broker.core.actions import apply_actions
+        """Apply policy actions in order (see :mod:`plugbroker.core.actions`); one outcome each."""
+        from plugbroker.core.actions import apply_actions
 
         return apply_actions(self, actions)
 
@@ -852,7 +852,7 @@ class BrokerAPI:
     def backoff_factory(self, name: str) -> Callable[[dict[str, str]], Any]:
         """The factory a plugin registered for ``<backoff type="{name}">``.
 
-        :raises broker.registry.PluginError: nobody registered it.
+        :raises plugbroker.registry.PluginError: nobody registered it.
         """
         registry = getattr(self._b.hooks, "registry", None)
         if registry is None:

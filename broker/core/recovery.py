@@ -1,6 +1,6 @@
 """Rebuilding the broker from what the store kept, before the broker listens.
 
-The store reads its rows into records (:mod:`broker.store.base`); this module turns them back
+The store reads its rows into records (:mod:`plugbroker.store.base`); this module turns them back
 into the domain, in the order docs/durability.md gives:
 
 1. durable exchanges (one the configuration declared already stays as configured);
@@ -24,15 +24,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from broker.clock import Clock
-from broker.domain.exchange import DelayedExchange
-from broker.domain.message import Message, MessageIds
-from broker.domain.queue import Queue
-from broker.domain.vhost import VirtualHost
-from broker.errors import AMQPError
-from broker.store.base import QueueKey, Store, StoredTopology
+from plugbroker.clock import Clock
+from plugbroker.domain.exchange import DelayedExchange
+from plugbroker.domain.message import Message, MessageIds
+from plugbroker.domain.queue import Queue
+from plugbroker.domain.vhost import VirtualHost
+from plugbroker.errors import AMQPError
+from plugbroker.store.base import QueueKey, Store, StoredTopology
 
-log = logging.getLogger("broker.core.recovery")
+log = logging.getLogger("plugbroker.core.recovery")
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """Exchanges: one class per type, each answering ``route(message) -> destinations``.
 
-A destination is a :class:`~broker.domain.queue.Queue` or another :class:`Exchange`
+A destination is a :class:`~plugbroker.domain.queue.Queue` or another :class:`Exchange`
 (exchange-to-exchange bindings); the virtual host follows exchange destinations and removes
 duplicates.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Union
 
-from broker.routing import match_words as _match_words
+from plugbroker.routing import match_words as _match_words
 
 if TYPE_CHECKING:
-    from broker.domain.message import Message
-    from broker.domain.queue import Queue
+    from plugbroker.domain.message import Message
+    from plugbroker.domain.queue import Queue
 
 Destination = Union["Queue", "Exchange"]
 
@@ -258,7 +258,7 @@ EXCHANGE_TYPES: dict[str, type[Exchange]] = {
 DELAYED_TYPE = "x-delayed-message"
 
 #: the reserved exchange through which a consumer asks the broker to retry one of its
-#: deliveries (``broker.retry.reconsume_later``); every virtual host has it
+#: deliveries (``plugbroker.retry.reconsume_later``); every virtual host has it
 RETRY_EXCHANGE = "amq.retry"
 RETRY_TYPE = "x-retry"
 
@@ -266,7 +266,7 @@ RETRY_TYPE = "x-retry"
 class RetryExchange(Exchange):
     """``amq.retry``: routes nothing by itself. A publish to it names an unacked delivery of
     the same connection (headers ``x-reconsume-channel`` and ``x-reconsume-tag``); the session
-    hands it to :func:`broker.domain.fate.reconsume`, which copies that delivery into its
+    hands it to :func:`plugbroker.domain.fate.reconsume`, which copies that delivery into its
     queue's retry queue (or the dead-letter queue) on the broker's side."""
 
     type = RETRY_TYPE
@@ -277,7 +277,7 @@ class RetryExchange(Exchange):
 
 
 #: the reserved exchange through which a consumer says it still works on one of its deliveries
-#: (``broker.contrib.touch.touch``); every virtual host has it
+#: (``plugbroker.contrib.touch.touch``); every virtual host has it
 TOUCH_EXCHANGE = "amq.touch"
 TOUCH_TYPE = "x-touch"
 #: the header of a publish to ``amq.touch`` naming the delivery tag (on the same channel)
@@ -289,7 +289,7 @@ ACK_TIMEOUT_HEADER = "x-ack-timeout"
 class TouchExchange(Exchange):
     """``amq.touch``: routes nothing. A publish to it names an unacked delivery of the same
     channel (header ``x-touch-tag``); the session restarts that consumer's ack clock
-    (:func:`broker.domain.fate.touch`)."""
+    (:func:`plugbroker.domain.fate.touch`)."""
 
     type = TOUCH_TYPE
     __slots__ = ()

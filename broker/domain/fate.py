@@ -50,17 +50,17 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.retry import DEFAULT_MAX_RECONSUME, MAX_DELAY, MIN_DELAY
+from plugbroker.retry import DEFAULT_MAX_RECONSUME, MAX_DELAY, MIN_DELAY
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from broker.domain.message import Message
-    from broker.domain.queue import Consumer, Queue
-    from broker.domain.vhost import VirtualHost
+    from plugbroker.domain.message import Message
+    from plugbroker.domain.queue import Consumer, Queue
+    from plugbroker.domain.vhost import VirtualHost
 
 log = logging.getLogger("broker.vhost")
-policy_log = logging.getLogger("broker.policy")
+policy_log = logging.getLogger("plugbroker.policy")
 
 
 class Settler(Protocol):
@@ -792,7 +792,7 @@ def reconsume(
     q: Queue, msg: Message, *, delay: float | None = None, level: int | None = None
 ) -> tuple[str, Message]:
     """A consumer asked to retry ``msg``, an unacked delivery from ``q`` (TDMQ's
-    reconsumeLater, done by the broker: :func:`broker.retry.reconsume_later` asks for it
+    reconsumeLater, done by the broker: :func:`plugbroker.retry.reconsume_later` asks for it
     through ``amq.retry``).
 
     A copy gets TDMQ's headers (``REAL_TOPIC`` the queue, ``ORIGIN_MESSAGE_ID``,
@@ -949,7 +949,7 @@ def redrive(
     reset: bool = True,
 ) -> tuple[dict[str, int], int]:
     """Move the ready messages of dead-letter queue ``q`` back to the queue each came from,
-    now (for a paced redrive, see :class:`broker.core.api.BrokerAPI.redrive`).
+    now (for a paced redrive, see :class:`plugbroker.core.api.BrokerAPI.redrive`).
 
     A message whose origin is unknown or gone, or whose origin refuses it, stays; so does one
     whose last death reason is not in ``reasons`` (when given). Returns

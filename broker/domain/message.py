@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from broker.codec import properties as props_codec
+from plugbroker.codec import properties as props_codec
 
 log = logging.getLogger("broker.message")
 

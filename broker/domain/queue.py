@@ -13,22 +13,22 @@ from collections import OrderedDict
 from collections.abc import Container, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
-from broker.domain import fate
-from broker.domain.message import Message
-from broker.domain.ready import FifoReady, PriorityReady, ReadyList
-from broker.retry import MAX_DELAY
+from plugbroker.domain import fate
+from plugbroker.domain.message import Message
+from plugbroker.domain.ready import FifoReady, PriorityReady, ReadyList
+from plugbroker.retry import MAX_DELAY
 
-# defined in broker.subscription (policies read them too); re-exported for the core's modules
-from broker.subscription import EXCLUSIVE as EXCLUSIVE
-from broker.subscription import FAILOVER as FAILOVER
-from broker.subscription import KEY_SHARED as KEY_SHARED
-from broker.subscription import SHARED as SHARED
-from broker.subscription import SUBSCRIPTION_TYPES as SUBSCRIPTION_TYPES
+# defined in plugbroker.subscription (policies read them too); re-exported for the core's modules
+from plugbroker.subscription import EXCLUSIVE as EXCLUSIVE
+from plugbroker.subscription import FAILOVER as FAILOVER
+from plugbroker.subscription import KEY_SHARED as KEY_SHARED
+from plugbroker.subscription import SHARED as SHARED
+from plugbroker.subscription import SUBSCRIPTION_TYPES as SUBSCRIPTION_TYPES
 
 if TYPE_CHECKING:
-    from broker.domain.exchange import Binding
-    from broker.domain.timers import TimerHandle
-    from broker.domain.vhost import VirtualHost
+    from plugbroker.domain.exchange import Binding
+    from plugbroker.domain.timers import TimerHandle
+    from plugbroker.domain.vhost import VirtualHost
 
 #: stop dispatching to a consumer that holds this many unacked messages, whatever its prefetch
 DEFAULT_MAX_UNACKED_PER_CONSUMER = 50_000
@@ -133,7 +133,7 @@ class Consumer:
         #: unacked messages it holds that ``poisonDeliveries - 1`` other consumers held without
         #: settling: it would be the last of them (a running figure for the isolation check)
         self.poison_suspects = 0
-        #: open poison records (:class:`~broker.domain.fate.Suspect`) that name it as a holder
+        #: open poison records (:class:`~plugbroker.domain.fate.Suspect`) that name it as a holder
         self.open_suspects = 0
         #: it held a message that was dead-lettered as poison: once none of its open records
         #: is left, its isolation was caused by poison only and it is released
@@ -252,7 +252,7 @@ class Queue:
         #: poison records are kept)
         self.poison_deliveries: int | None = None
         #: poison records by message id, only for messages that came back from a consumer that
-        #: held them without settling (see :mod:`broker.domain.fate`)
+        #: held them without settling (see :mod:`plugbroker.domain.fate`)
         self.suspects: dict[int, fate.Suspect] = {}
         #: ETA awareness (``<isolation><etaHeaders>`` of a shared queue with isolation): the
         #: headers that say when a delivery is due; empty: every delivery is due at once
@@ -454,7 +454,7 @@ class Queue:
     def requeue(self, msgs: Sequence[Message], *, count: bool = True) -> None:
         """Delivered messages come back to the front, redelivered (and counted).
 
-        A primitive: the delivery limit is :func:`broker.domain.fate.requeue`'s to apply, which
+        A primitive: the delivery limit is :func:`plugbroker.domain.fate.requeue`'s to apply, which
         is what every requeue path calls.
         """
         live = []

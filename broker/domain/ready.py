@@ -4,8 +4,8 @@ A queue keeps its ready messages in an object that implements :class:`ReadyList`
 has two: :class:`FifoReady` (the default, first in first out) and :class:`PriorityReady`
 (``x-max-priority``: highest priority first, first in first out within a priority). A store may
 provide a third for queues whose messages can wait without their body in memory (paging, see
-:meth:`broker.store.Store.paged_ready`); the queue installs it with
-:meth:`broker.domain.queue.Queue.set_ready_list` and treats it like the others.
+:meth:`plugbroker.store.Store.paged_ready`); the queue installs it with
+:meth:`plugbroker.domain.queue.Queue.set_ready_list` and treats it like the others.
 
 Dispatch, ``basic.get`` and acks go through these lists for every message, so
 :class:`FifoReady` is a :class:`collections.deque` with nothing added on the paths a message
@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from broker.domain.message import Message
+from plugbroker.domain.message import Message
 
 
 class ReadyList(Protocol):

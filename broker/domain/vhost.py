@@ -7,7 +7,7 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from broker.codec.ids import (
+from plugbroker.codec.ids import (
     EXCHANGE_DECLARE,
     EXCHANGE_DELETE,
     QUEUE_BIND,
@@ -15,8 +15,8 @@ from broker.codec.ids import (
     QUEUE_DELETE,
     QUEUE_UNBIND,
 )
-from broker.domain import fate
-from broker.domain.exchange import (
+from plugbroker.domain import fate
+from plugbroker.domain.exchange import (
     DELAYED_TYPE,
     EXCHANGE_TYPES,
     RETRY_EXCHANGE,
@@ -28,15 +28,15 @@ from broker.domain.exchange import (
     RetryExchange,
     TouchExchange,
 )
-from broker.domain.message import Message, MessageIds
-from broker.domain.queue import (
+from plugbroker.domain.message import Message, MessageIds
+from plugbroker.domain.queue import (
     EXCLUSIVE,
     FAILOVER,
     SHARED,
     SUBSCRIPTION_TYPES,
     Queue,
 )
-from broker.errors import (
+from plugbroker.errors import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
     NOT_FOUND,
@@ -45,11 +45,11 @@ from broker.errors import (
     ChannelError,
     ConnectionError_,
 )
-from broker.routing import STANDARD_EXCHANGES, topic_words_match
-from broker.store import MemoryStore, Store
+from plugbroker.routing import STANDARD_EXCHANGES, topic_words_match
+from plugbroker.store import MemoryStore, Store
 
 if TYPE_CHECKING:
-    from broker.domain.timers import Timers
+    from plugbroker.domain.timers import Timers
 
 log = logging.getLogger("broker.vhost")
 
@@ -221,11 +221,11 @@ class VirtualHost:
         for ename, etype in STANDARD_EXCHANGES:
             self.exchanges[ename] = EXCHANGE_TYPES[etype](ename, durable=True)
         #: ``amq.retry``: a consumer's request to retry one of its deliveries (see
-        #: :func:`broker.domain.fate.reconsume`); the session recognises it by identity
+        #: :func:`plugbroker.domain.fate.reconsume`); the session recognises it by identity
         self.retry_exchange = RetryExchange(RETRY_EXCHANGE, durable=True)
         self.exchanges[RETRY_EXCHANGE] = self.retry_exchange
         #: ``amq.touch``: a consumer says it still works on a delivery (see
-        #: :func:`broker.domain.fate.touch`); the session recognises it by identity
+        #: :func:`plugbroker.domain.fate.touch`); the session recognises it by identity
         self.touch_exchange = TouchExchange(TOUCH_EXCHANGE, durable=True)
         self.exchanges[TOUCH_EXCHANGE] = self.touch_exchange
         self.delayed_pending = 0
@@ -515,7 +515,7 @@ class VirtualHost:
         msgs = q.drain_all()
         if q.durable and self.store.durable:
             self.store.delete_queue(self.name, q.name)
-        # a policy's deletion has its own line (broker.policy): this one only at DEBUG then
+        # a policy's deletion has its own line (plugbroker.policy): this one only at DEBUG then
         log.log(
             logging.DEBUG if reason.startswith("policy:") else logging.INFO,
             "queue '%s' in vhost '%s' deleted (%s%s), %d messages released",

@@ -1,14 +1,14 @@
 """The durable store behind the broker.
 
-:class:`Store` (in :mod:`broker.store.base`) is the interface the domain calls and the records
+:class:`Store` (in :mod:`plugbroker.store.base`) is the interface the domain calls and the records
 it returns at start; :class:`MemoryStore` keeps nothing (a broker with no ``<store>``, tests of
-the domain); :class:`broker.store.sqlite.SQLiteStore` keeps durable state in an embedded SQLite
-database. The core rebuilds the broker from the records (:mod:`broker.core.recovery`).
+the domain); :class:`plugbroker.store.sqlite.SQLiteStore` keeps durable state in an embedded SQLite
+database. The core rebuilds the broker from the records (:mod:`plugbroker.core.recovery`).
 """
 
 from __future__ import annotations
 
-from broker.store.base import (
+from plugbroker.store.base import (
     BindingRecord,
     DelayedRecord,
     ExchangeRecord,
@@ -18,7 +18,7 @@ from broker.store.base import (
     Store,
     StoredTopology,
 )
-from broker.store.memory import MemoryStore
+from plugbroker.store.memory import MemoryStore
 
 __all__ = [
     "BindingRecord",

@@ -9,7 +9,7 @@ At start the store hands back what it kept as plain, immutable records (frozen d
 :class:`ExchangeRecord`, :class:`QueueRecord`, :class:`BindingRecord`; named tuples
 :class:`MessageRecord`, :class:`DelayedRecord`, one per stored message);
 the core rebuilds virtual hosts, exchanges, queues and messages from them
-(:mod:`broker.core.recovery`). A store never builds domain objects itself.
+(:mod:`plugbroker.core.recovery`). A store never builds domain objects itself.
 
 Times in records are wall-clock seconds since the epoch (what outlives the process); the core
 turns them into its monotonic clock. A queue is named by its :data:`QueueKey`, ``(virtual
@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 if TYPE_CHECKING:
     import asyncio
 
-    from broker.clock import Clock
-    from broker.domain.exchange import Exchange
-    from broker.domain.message import Message
-    from broker.domain.queue import Queue
-    from broker.domain.ready import ReadyList
+    from plugbroker.clock import Clock
+    from plugbroker.domain.exchange import Exchange
+    from plugbroker.domain.message import Message
+    from plugbroker.domain.queue import Queue
+    from plugbroker.domain.ready import ReadyList
 
 #: ``(virtual host name, queue name)``
 QueueKey = tuple[str, str]

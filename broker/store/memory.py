@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from broker.store.base import (
+from plugbroker.store.base import (
     BindingRecord,
     DelayedRecord,
     MessageRecord,
@@ -16,11 +16,11 @@ from broker.store.base import (
 if TYPE_CHECKING:
     import asyncio
 
-    from broker.clock import Clock
-    from broker.domain.exchange import Exchange
-    from broker.domain.message import Message
-    from broker.domain.queue import Queue
-    from broker.domain.ready import ReadyList
+    from plugbroker.clock import Clock
+    from plugbroker.domain.exchange import Exchange
+    from plugbroker.domain.message import Message
+    from plugbroker.domain.queue import Queue
+    from plugbroker.domain.ready import ReadyList
 
 
 class MemoryStore:

@@ -17,12 +17,12 @@ publisher confirms go out.
 
 Paging. Bodies of messages deep in a long ready queue are dropped from memory once on disk;
 the writer reads them back in batches ahead of dispatch. The queue keeps its ready messages in a
-:class:`PagedReady` (a :class:`broker.domain.ready.ReadyList` this store provides through
+:class:`PagedReady` (a :class:`plugbroker.domain.ready.ReadyList` this store provides through
 :meth:`SQLiteStore.paged_ready`), which reports itself empty to the dispatcher while its head's
 body is not in memory, until the read completes: the loop never waits for the disk.
 
-Recovery. The store reads rows into records (:mod:`broker.store.base`); the core rebuilds the
-domain from them (:mod:`broker.core.recovery`). A queue's row id stays inside the store: a map from
+Recovery. The store reads rows into records (:mod:`plugbroker.store.base`); the core rebuilds the
+domain from them (:mod:`plugbroker.core.recovery`). A queue's row id stays inside the store: a map from
 ``(vhost, queue name)`` to it, and one from the live :class:`Queue` object to it for the calls
 the domain makes per message.
 """
@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, Any
 from amqp.serialization import dumps as _amqp_dumps
 from amqp.serialization import loads as _amqp_loads
 
-from broker.config import ConfigError
-from broker.domain.message import Message
-from broker.domain.ready import requeue_in_place, with_front_heap
-from broker.store.base import (
+from plugbroker.config import ConfigError
+from plugbroker.domain.message import Message
+from plugbroker.domain.ready import requeue_in_place, with_front_heap
+from plugbroker.store.base import (
     BindingRecord,
     DelayedRecord,
     ExchangeRecord,
@@ -61,11 +61,11 @@ from broker.store.base import (
 if TYPE_CHECKING:
     import asyncio
 
-    from broker.clock import Clock
-    from broker.domain.exchange import Exchange
-    from broker.domain.queue import Queue
+    from plugbroker.clock import Clock
+    from plugbroker.domain.exchange import Exchange
+    from plugbroker.domain.queue import Queue
 
-log = logging.getLogger("broker.store")
+log = logging.getLogger("plugbroker.store")
 
 #: the layout this code writes; older layouts are migrated by MIGRATIONS, newer ones refused
 SCHEMA_VERSION = 1
@@ -168,14 +168,14 @@ def _args_key(args: dict[str, Any]) -> str:
 
 
 class PagedReady(deque[Message]):
-    """The ready list (:class:`broker.domain.ready.ReadyList`) of a durable queue, whose
+    """The ready list (:class:`plugbroker.domain.ready.ReadyList`) of a durable queue, whose
     messages deep in the queue may have no body in memory (``msg.body is None``: it is on
     disk).
 
     ``bool(ready)`` is False while the head has no body: the dispatcher and basic.get see an
     empty queue for the few milliseconds the writer takes to read the next bodies, and the
     loop never waits. ``len(ready)`` stays the true count, so figures are unaffected.
-    A deque, like the domain's :class:`broker.domain.ready.FifoReady`: ``len`` and ``append``
+    A deque, like the domain's :class:`plugbroker.domain.ready.FifoReady`: ``len`` and ``append``
     stay in C.
     """
 
@@ -320,7 +320,7 @@ def _by_queue(db: sqlite3.Connection, sql: str, keys: Any) -> None:
 
 
 class SQLiteStore:
-    """The :class:`broker.store.Store` kept in ``<dir>/plugbroker.db``."""
+    """The :class:`plugbroker.store.Store` kept in ``<dir>/plugbroker.db``."""
 
     durable = True
 
@@ -1328,7 +1328,7 @@ class SQLiteStore:
 
     # ------------------------------------------------------------------ recovery
     #
-    # Rows become records (broker.store.base); the core rebuilds the domain from them. While
+    # Rows become records (plugbroker.store.base); the core rebuilds the domain from them. While
     # it does, what it declares is on disk already: save_* and holds are not written back.
 
     @contextmanager

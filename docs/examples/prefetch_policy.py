@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker.hookimpl import hookimpl
-from broker.policy import (
+from plugbroker.hookimpl import hookimpl
+from plugbroker.policy import (
     Action,
     Breach,
     PolicyLookup,
@@ -12,7 +12,7 @@ from broker.policy import (
     Snapshot,
     Trigger,
 )
-from broker.registry import Registrar
+from plugbroker.registry import Registrar
 
 THRESHOLD = 100  # messages a queue may hold before its consumers' windows shrink
 PREFETCH = 10  # the window they shrink to

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from broker.config import ConfigElementRegistry, ParseContext
-from broker.hookimpl import hookimpl
-from broker.policy import Action, PolicyLookup, PolicyState, SetPrefetch, Snapshot, Trigger
-from broker.registry import Registrar
+from plugbroker.config import ConfigElementRegistry, ParseContext
+from plugbroker.hookimpl import hookimpl
+from plugbroker.policy import Action, PolicyLookup, PolicyState, SetPrefetch, Snapshot, Trigger
+from plugbroker.registry import Registrar
 
 SECTION = "backlogCap"
 JOB = "backlog-cap"

@@ -2,7 +2,7 @@
 whole session.
 
 The Spark tests need Java 17 or later; without it (no ``java`` on the PATH and no ``JAVA_HOME``,
-or too old a one) they are skipped with that reason (:func:`broker.analyze.preflight.java_problem`).
+or too old a one) they are skipped with that reason (:func:`plugbroker.analyze.preflight.java_problem`).
 Java 17 is part of the documented set-up, so in CI they run.
 """
 
@@ -21,7 +21,7 @@ import kombu
 import pytest
 from brokerutil import BrokerThread, write_config
 
-from broker.analyze.preflight import java_problem
+from plugbroker.analyze.preflight import java_problem
 
 HERE = Path(__file__).parent
 
@@ -237,6 +237,6 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
 def report_result(
     spark: Any, recording: Recording, tmp_path_factory: pytest.TempPathFactory
 ) -> Any:
-    from broker.analyze import report
+    from plugbroker.analyze import report
 
     return report(recording.journal, tmp_path_factory.mktemp("report"), spark=spark, quiet=True)

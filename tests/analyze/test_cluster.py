@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.analyze.preflight import java_problem
-from broker.analyze.synth import generate
+from plugbroker.analyze.preflight import java_problem
+from plugbroker.analyze.synth import generate
 
 pytestmark = [
     pytest.mark.slow,
@@ -157,7 +157,7 @@ def actions(out_dir: Path) -> set[tuple[str, str, str | None]]:
 
 def test_backtest_and_report_on_a_standalone_cluster(cluster, journal, candidate, tmp_path):
     env = base_env(PYTHONPATH=str(ROOT))
-    cli = [sys.executable, "-m", "broker", "analyze"]
+    cli = [sys.executable, "-m", "plugbroker", "analyze"]
     out = tmp_path / "bt"
     stdout = run(
         [*cli, "backtest", "--journal", str(journal), "--config", str(candidate)]

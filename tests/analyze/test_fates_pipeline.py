@@ -23,10 +23,10 @@ import pyarrow.parquet as pq
 import pytest
 from brokerutil import BrokerThread, write_config
 
-from broker.analyze.events import JournalError, check_local_journal
-from broker.config import parse_config
-from broker.retry import reconsume_later
-from plugins.journal import METADATA_KEY, SCHEMA_VERSION
+from plugbroker.analyze.events import JournalError, check_local_journal
+from plugbroker.config import parse_config
+from plugbroker.plugins.journal import METADATA_KEY, SCHEMA_VERSION
+from plugbroker.retry import reconsume_later
 
 HERE = Path(__file__).parent
 V1_JOURNAL = HERE / "fixtures" / "journal-v1"
@@ -177,7 +177,7 @@ def fates(tmp_path_factory: pytest.TempPathFactory) -> FatesRun:
 
 @pytest.fixture(scope="module")
 def fates_report(spark: Any, fates: FatesRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from broker.analyze.report import report
+    from plugbroker.analyze.report import report
 
     out = tmp_path_factory.mktemp("fates-report")
     report(fates.journal, out, spark=spark, quiet=True)
@@ -205,8 +205,8 @@ def test_the_reports_backlog_returns_to_zero_when_the_brokers_did(fates, fates_r
 
 
 def test_recommend_keeps_its_rules_and_the_real_action(spark, fates, tmp_path):
-    from broker.analyze.backtest import backtest
-    from broker.analyze.recommend import recommend
+    from plugbroker.analyze.backtest import backtest
+    from plugbroker.analyze.recommend import recommend
 
     rec = recommend(fates.journal, spark=spark, quiet=True)
     xml = rec.xml
@@ -246,7 +246,7 @@ def test_a_version_1_journal_is_still_read(spark, tmp_path):
     assert files and pq.read_schema(files[0]).metadata[METADATA_KEY] == b"1"
     assert SCHEMA_VERSION == 2
     check_local_journal(str(V1_JOURNAL))  # no error
-    from broker.analyze.report import report
+    from plugbroker.analyze.report import report
 
     res = report(V1_JOURNAL, tmp_path / "out", spark=spark, quiet=True)
     assert res.overview["schema_version"] == 1
@@ -262,8 +262,8 @@ def test_due_us_is_read_from_a_journal_mixing_files_with_and_without_it(spark, t
 
     import pyarrow as pa
 
-    from broker.analyze.events import read_events
-    from plugins.journal import SCHEMA
+    from plugbroker.analyze.events import read_events
+    from plugbroker.plugins.journal import SCHEMA
 
     assert "due_us" not in pq.read_schema(next(V1_JOURNAL.rglob("*.parquet"))).names
     v1_rows = sum(pq.read_metadata(f).num_rows for f in V1_JOURNAL.rglob("*.parquet"))
@@ -312,7 +312,7 @@ def test_due_us_is_read_from_a_journal_mixing_files_with_and_without_it(spark, t
 def test_a_newer_journal_is_refused_with_its_version(tmp_path):
     import pyarrow as pa
 
-    from plugins.journal import SCHEMA
+    from plugbroker.plugins.journal import SCHEMA
 
     d = tmp_path / "j" / "date=2026-01-01" / "hour=00"
     d.mkdir(parents=True)
@@ -326,7 +326,7 @@ def test_a_newer_journal_is_refused_with_its_version(tmp_path):
 
 
 def _browser_or_skip() -> None:
-    from broker.analyze.pagecheck import NoBrowser, find_browser
+    from plugbroker.analyze.pagecheck import NoBrowser, find_browser
 
     try:
         find_browser()
@@ -350,7 +350,7 @@ def test_the_report_page_labels_subscriptions_and_explains_outcomes(fates, fates
 
 def test_the_report_page_reads_at_1280_px_without_sideways_scrolling(fates_report, tmp_path):
     _browser_or_skip()
-    from broker.analyze.pagecheck import check_page
+    from plugbroker.analyze.pagecheck import check_page
 
     res = check_page(fates_report / "report.html", width=1280, screenshot=tmp_path / "page.png")
     assert res.ok, res.problems
@@ -360,7 +360,7 @@ def test_the_report_page_reads_at_1280_px_without_sideways_scrolling(fates_repor
 
 def test_the_page_check_sees_a_clipped_label_and_a_wide_table(tmp_path):
     _browser_or_skip()
-    from broker.analyze.pagecheck import check_page
+    from plugbroker.analyze.pagecheck import check_page
 
     bad = tmp_path / "bad.html"
     bad.write_text(
@@ -379,9 +379,9 @@ def test_the_package_functions_stay_functions_once_their_modules_are_imported():
     import importlib
 
     for name in ("report", "backtest", "recommend"):
-        importlib.import_module(f"broker.analyze.{name}")
-    import broker.analyze as pkg
-    from broker.analyze import backtest, recommend, report
+        importlib.import_module(f"plugbroker.analyze.{name}")
+    import plugbroker.analyze as pkg
+    from plugbroker.analyze import backtest, recommend, report
 
     assert callable(report) and callable(backtest) and callable(recommend)
     assert pkg.report is report and not isinstance(report, type(pkg))

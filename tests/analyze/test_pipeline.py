@@ -11,9 +11,9 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from broker.analyze import backtest, recommend
-from broker.config import parse_config
-from broker.pluginhost import BLOCK_ENV
+from plugbroker.analyze import backtest, recommend
+from plugbroker.config import parse_config
+from plugbroker.pluginhost import BLOCK_ENV
 
 
 def table(out: Path, name: str) -> list[dict[str, Any]]:
@@ -167,7 +167,7 @@ def test_backtest_replays_a_third_party_policy_like_the_built_ins(
 
 
 def test_backtest_refuses_a_bad_candidate_with_file_and_line(spark, recording, tmp_path):
-    from broker.config import ConfigError
+    from plugbroker.config import ConfigError
 
     bad = tmp_path / "bad.xml"
     bad.write_text(

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from broker.analyze.preflight import (
+from plugbroker.analyze.preflight import (
     EXIT_ENVIRONMENT,
     EXIT_INPUT,
     MIN_JAVA,
     java_problem,
     java_version,
 )
-from broker.analyze.spark import python_for_workers
-from broker.analyze.synth import generate
-from broker.cli import main
+from plugbroker.analyze.spark import python_for_workers
+from plugbroker.analyze.synth import generate
+from plugbroker.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from typing import Any
 import amqp
 import pytest
 
-from broker.analyze.replay import COLUMNS, Replayer, load_candidate, policy_checks
-from broker.config import parse_config
+from plugbroker.analyze.replay import COLUMNS, Replayer, load_candidate, policy_checks
+from plugbroker.config import parse_config
 
 RUN = "20260101T000000-test"
 T0 = 1_767_225_600.0
@@ -359,7 +359,7 @@ def test_policy_checks_use_the_configured_periods():
     config = parse_config("""<broker><housekeeping><period>7s</period></housekeeping>
       <virtualhost name="/"><queue name="w"><isolation><ackTimeout>1m</ackTimeout>
       <checkPeriod>3s</checkPeriod></isolation></queue></virtualhost></broker>""")
-    from broker.runner import load_plugins
+    from plugbroker.runner import load_plugins
 
     plugins, _ = load_plugins(None)
     periods = {c.name: c.period for c in policy_checks(config, plugins)}
@@ -374,7 +374,7 @@ def test_policy_checks_use_the_configured_periods():
 def test_the_replay_rebuilds_the_live_broker_snapshot(broker_factory, tmp_path):
     """Drive a broker, take its snapshot on the loop, then replay the journal up to that
     moment: every figure the policies read must match."""
-    from plugins.journal import journal_of, read_journal
+    from plugbroker.plugins.journal import journal_of, read_journal
 
     b = broker_factory(
         '<topic key="t.#"><consumer><messageCount>1000</messageCount>'

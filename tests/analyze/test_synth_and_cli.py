@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from broker.analyze import backtest
-from broker.analyze.events import JournalError, nice_step
-from broker.analyze.htmlreport import bar_chart, fmt_dur, line_chart
-from broker.analyze.synth import generate
-from broker.cli import main
-from broker.config import parse_config
-from plugins.journal import SCHEMA, read_journal
+from plugbroker.analyze import backtest
+from plugbroker.analyze.events import JournalError, nice_step
+from plugbroker.analyze.htmlreport import bar_chart, fmt_dur, line_chart
+from plugbroker.analyze.synth import generate
+from plugbroker.cli import main
+from plugbroker.config import parse_config
+from plugbroker.plugins.journal import SCHEMA, read_journal
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +183,7 @@ def test_bucket_width_is_a_round_number():
 
 
 def test_a_journal_error_is_an_exception_with_the_path(tmp_path):
-    from broker.analyze.events import check_local_journal
+    from plugbroker.analyze.events import check_local_journal
 
     with pytest.raises(JournalError, match="no such journal directory"):
         check_local_journal(str(tmp_path / "x"))

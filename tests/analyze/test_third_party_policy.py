@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from broker.analyze.replay import COLUMNS, Replayer, load_candidate, policy_checks
-from broker.clock import ManualClock
-from broker.housekeeping import Housekeeping
-from broker.pluginhost import BLOCK_ENV
-from broker.policy import Action, SetPrefetch, Snapshot
+from plugbroker.analyze.replay import COLUMNS, Replayer, load_candidate, policy_checks
+from plugbroker.clock import ManualClock
+from plugbroker.housekeeping import Housekeeping
+from plugbroker.pluginhost import BLOCK_ENV
+from plugbroker.policy import Action, SetPrefetch, Snapshot
 
 HERE = Path(__file__).parent
 RUN = "20260101T000000-third-party"
@@ -208,7 +208,7 @@ def test_the_housekeeping_pool_runs_the_same_registration(module: ModuleType) ->
 
 
 def test_a_candidate_naming_a_missing_plugin_is_refused_with_its_own_name() -> None:
-    from broker.registry import PluginError
+    from plugbroker.registry import PluginError
 
     text = CANDIDATE.replace("candidate_policy", "no_such_policy_module")
     with pytest.raises(PluginError) as err:

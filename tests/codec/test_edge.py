@@ -16,10 +16,10 @@ from rawclient import (
     publish_frames,
 )
 
-from broker.codec.frames import NEED_DATA, PROTOCOL_HEADER, Publish, ServerCodec
-from broker.codec.methods import BY_NAME, decode_args
-from broker.codec.tables import MAX_DEPTH, too_deep
-from broker.errors import ConnectionError_
+from plugbroker.codec.frames import NEED_DATA, PROTOCOL_HEADER, Publish, ServerCodec
+from plugbroker.codec.methods import BY_NAME, decode_args
+from plugbroker.codec.tables import MAX_DEPTH, too_deep
+from plugbroker.errors import ConnectionError_
 
 
 def _codec() -> ServerCodec:

@@ -28,8 +28,8 @@ from rawclient import (
     raw_method_frame,
 )
 
-from broker.codec.events import BasicAck, BasicQos, ConnectionTuneOk, QueueDeclare
-from broker.codec.frames import (
+from plugbroker.codec.events import BasicAck, BasicQos, ConnectionTuneOk, QueueDeclare
+from plugbroker.codec.frames import (
     FRAME_MIN_SIZE,
     NEED_DATA,
     PROTOCOL_HEADER,
@@ -38,8 +38,8 @@ from broker.codec.frames import (
     Publish,
     ServerCodec,
 )
-from broker.codec.methods import BY_NAME, decode_args, encode_args
-from broker.errors import AMQPError, ChannelError, ConnectionError_
+from plugbroker.codec.methods import BY_NAME, decode_args, encode_args
+from plugbroker.errors import AMQPError, ChannelError, ConnectionError_
 
 # ------------------------------------------------------------------ helpers
 
@@ -230,7 +230,7 @@ def test_ack_fast_path_agrees_with_the_table() -> None:
 def test_hot_events_built_slot_by_slot_equal_the_dataclass_constructor() -> None:
     import dataclasses
 
-    from broker.codec.frames import _ack_event, _publish_event
+    from plugbroker.codec.frames import _ack_event, _publish_event
 
     args = (3, "ex", "rk", True, False, 5, b"\x00\x00", b"hello")
     fast, slow = _publish_event(*args), Publish(*args)

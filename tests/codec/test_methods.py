@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from rawclient import method_frame, py_amqp_channel
 
-from broker.codec import events
-from broker.codec.events import UnexpectedMethod
-from broker.codec.frames import NEED_DATA, PROTOCOL_HEADER, ServerCodec
-from broker.codec.methods import BY_NAME, METHODS, decode_args, encode_args, lookup
-from broker.errors import ConnectionError_
+from plugbroker.codec import events
+from plugbroker.codec.events import UnexpectedMethod
+from plugbroker.codec.frames import NEED_DATA, PROTOCOL_HEADER, ServerCodec
+from plugbroker.codec.methods import BY_NAME, METHODS, decode_args, encode_args, lookup
+from plugbroker.errors import ConnectionError_
 
 ALL = sorted(METHODS.values(), key=lambda m: m.sig)
 
@@ -360,7 +360,7 @@ def test_deeply_nested_tables_are_refused_not_crashed() -> None:
 
 
 def test_every_method_has_its_named_id_and_no_id_is_spare() -> None:
-    from broker.codec import ids
+    from plugbroker.codec import ids
 
     for spec in ALL:
         assert getattr(ids, spec.name.upper().replace(".", "_")) == spec.sig

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from rawclient import properties_bytes
 
-from broker.codec import properties as P
+from plugbroker.codec import properties as P
 
 SHORTSTRS = (
     "content_type",

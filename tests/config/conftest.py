@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from configutil import throttle_parser
 
-from broker.config import ConfigElementRegistry, builtin_registry
+from plugbroker.config import ConfigElementRegistry, builtin_registry
 
 
 @pytest.fixture

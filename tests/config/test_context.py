@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from lxml import etree
 
-from broker.config import ConfigElementRegistry, ConfigError, ParseContext, PolicyRef
+from plugbroker.config import ConfigElementRegistry, ConfigError, ParseContext, PolicyRef
 
 
 def element(xml: str, path: str = ".") -> Any:

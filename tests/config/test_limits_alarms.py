@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from configutil import assert_located, fails
 
-from broker.alarms import blocked_reason
-from broker.config import parse_config
+from plugbroker.alarms import blocked_reason
+from plugbroker.config import parse_config
 
 
 def _limits(body: str) -> str:
@@ -61,7 +61,7 @@ def test_the_other_elements() -> None:
 
 
 def test_blocked_reason_names_resources_as_rabbitmq_does() -> None:
-    from broker.alarms import Alarm
+    from plugbroker.alarms import Alarm
 
     def of(*names: str) -> dict[str, Alarm]:
         return {n: Alarm(n, "", 0.0) for n in names}

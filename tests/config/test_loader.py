@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from configutil import EXAMPLES, ROOT, Throttle, assert_located, fails, wrap
 
-from broker.config import (
+from plugbroker.config import (
     ConfigElementRegistry,
     ConfigError,
     PolicyRef,
@@ -20,10 +20,10 @@ from broker.config import (
     load_default,
     parse_config,
 )
-from broker.registry import PluginError
-from broker.retry import DEFAULT_LEVELS as DEFAULT_RETRY_LEVELS
-from broker.runner import load_plugins
-from plugins.isolation_config import IsolationConfig
+from plugbroker.plugins.isolation_config import IsolationConfig
+from plugbroker.registry import PluginError
+from plugbroker.retry import DEFAULT_LEVELS as DEFAULT_RETRY_LEVELS
+from plugbroker.runner import load_plugins
 
 # ---------------------------------------------------------------------------------------------
 # shipped files
@@ -437,7 +437,7 @@ EVERY_CORE_ELEMENT = """<broker>
   <store path="data/" sync="full"/>
   <users><user name="u" password="p" vhosts="/ other"/></users>
   <housekeeping><threads>2</threads><period>5s</period></housekeeping>
-  <plugins><plugin enabled="false">plugins.slow_consumer</plugin></plugins>
+  <plugins><plugin enabled="false">plugbroker.plugins.slow_consumer</plugin></plugins>
   <journal path="events/"/>
   <limits><heartbeat>30s</heartbeat></limits>
   <admin port="0"/>
@@ -453,7 +453,10 @@ EVERY_CORE_ELEMENT = """<broker>
 def test_the_core_parses_a_file_without_plugin_sections_with_no_plugin_registered() -> None:
     cfg = parse_config(EVERY_CORE_ELEMENT, "core.xml", registry=ConfigElementRegistry())
     assert (cfg.store_sync, cfg.housekeeping_period, cfg.limits.heartbeat) == ("full", 5.0, 30.0)
-    assert cfg.blocked_plugins == frozenset({"plugins.slow_consumer"}) and cfg.admin is not None
+    assert (
+        cfg.blocked_plugins == frozenset({"plugbroker.plugins.slow_consumer"})
+        and cfg.admin is not None
+    )
     vh = cfg.vhosts["/"]
     assert vh.queues["work"].declare and vh.queues["work"].subscription == "key_shared"
     assert vh.topics[0].exchange == "orders" and not vh.topics[0].sections
@@ -484,7 +487,7 @@ def test_without_a_registry_the_built_in_plugins_elements_are_known() -> None:
 def test_a_schema_section_no_plugin_parses_is_kept_unparsed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="broker.config"):
+    with caplog.at_level(logging.WARNING, logger="plugbroker.config"):
         cfg = parse_config(wrap(SECTIONS), "x.xml", registry=ConfigElementRegistry())
     defaults = cfg.vhosts["/"].defaults
     assert defaults["consumer"] == UnparsedSection("consumer", 3, PolicyRef("Delete"))
@@ -521,7 +524,12 @@ def _blocked(tmp_path: Path, plugin: str, body: str) -> tuple[Any, Any]:
 
 
 @pytest.mark.parametrize(
-    "plugin", ["plugins.slow_consumer", "plugins.isolation", "plugins.dead_letter"]
+    "plugin",
+    [
+        "plugbroker.plugins.slow_consumer",
+        "plugbroker.plugins.isolation",
+        "plugbroker.plugins.dead_letter",
+    ],
 )
 def test_a_file_without_its_section_loads_with_a_built_in_plugin_blocked(
     tmp_path: Path, plugin: str
@@ -532,7 +540,7 @@ def test_a_file_without_its_section_loads_with_a_built_in_plugin_blocked(
 
 def test_consumer_is_refused_with_the_slow_consumer_plugin_blocked(tmp_path: Path) -> None:
     with pytest.raises(PluginError) as err:
-        _blocked(tmp_path, "plugins.slow_consumer", SECTIONS.splitlines()[0])
+        _blocked(tmp_path, "plugbroker.plugins.slow_consumer", SECTIONS.splitlines()[0])
     assert str(err.value) == (
         f"policy 'Delete' used in {tmp_path / 'broker.xml'} at <virtualhost name='/'> "
         "<consumer> is not registered by any plugin (registered policies: none)"
@@ -542,8 +550,12 @@ def test_consumer_is_refused_with_the_slow_consumer_plugin_blocked(tmp_path: Pat
 @pytest.mark.parametrize(
     ("plugin", "section", "line"),
     [
-        ("plugins.isolation", "isolation", "<isolation><ackTimeout>5m</ackTimeout></isolation>"),
-        ("plugins.dead_letter", "deadLetter", SECTIONS.splitlines()[2]),
+        (
+            "plugbroker.plugins.isolation",
+            "isolation",
+            "<isolation><ackTimeout>5m</ackTimeout></isolation>",
+        ),
+        ("plugbroker.plugins.dead_letter", "deadLetter", SECTIONS.splitlines()[2]),
     ],
 )
 def test_isolation_and_dead_letter_load_without_effect_with_their_plugin_blocked(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main
-from broker.config import load_config
+from plugbroker.cli import main
+from plugbroker.config import load_config
 
 HEAD = '<broker>\n  <users><user name="guest" password="guest" vhosts="/"/></users>\n'
 
@@ -47,7 +47,7 @@ def test_a_bare_number_warns_with_element_place_and_unit(tmp_path, caplog) -> No
         "  <limits><frameMax>8192</frameMax><heartbeat>0</heartbeat></limits>\n"
         '  <virtualhost name="/"/>\n',
     )
-    with caplog.at_level(logging.WARNING, logger="broker.config"):
+    with caplog.at_level(logging.WARNING, logger="plugbroker.config"):
         cfg = load_config(path)
     assert cfg.housekeeping_period == pytest.approx(0.03)
     lines = [r.getMessage() for r in caplog.records]
@@ -63,7 +63,7 @@ def test_a_value_with_its_unit_does_not_warn(tmp_path, caplog) -> None:
     path = write(
         tmp_path, '  <housekeeping><period>30s</period></housekeeping>\n  <virtualhost name="/"/>\n'
     )
-    with caplog.at_level(logging.WARNING, logger="broker.config"):
+    with caplog.at_level(logging.WARNING, logger="plugbroker.config"):
         assert load_config(path).housekeeping_period == 30.0
     assert caplog.records == []
 

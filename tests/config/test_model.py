@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from configutil import ROOT, Throttle, wrap
 
-from broker.config import (
+from plugbroker.config import (
     DEFAULT_TOPIC_EXCHANGE,
     BrokerConfig,
     ConfigElementRegistry,
@@ -19,9 +19,9 @@ from broker.config import (
     load_config,
     parse_config,
 )
-from broker.config.model import describe_section
-from broker.domain.exchange import topic_matches
-from plugins.slow_consumer_config import SlowConsumerConfig
+from plugbroker.config.model import describe_section
+from plugbroker.domain.exchange import topic_matches
+from plugbroker.plugins.slow_consumer_config import SlowConsumerConfig
 
 
 def test_model_is_read_only() -> None:

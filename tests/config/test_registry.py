@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from configutil import throttle_parser
 
-from broker.config import ConfigElementRegistry, builtin_registry
+from plugbroker.config import ConfigElementRegistry, builtin_registry
 
 
 def test_registry_refuses_builtin_and_duplicate_names() -> None:
@@ -52,7 +52,7 @@ def test_register_checks_level_and_parser() -> None:
 
 
 def test_reach_marks_topic_subscription_only_sections() -> None:
-    from broker.config import REACH_TOPIC_SUBSCRIPTIONS
+    from plugbroker.config import REACH_TOPIC_SUBSCRIPTIONS
 
     reg = ConfigElementRegistry()
     reg.register("throttle", throttle_parser)
@@ -63,6 +63,6 @@ def test_reach_marks_topic_subscription_only_sections() -> None:
     with pytest.raises(ValueError, match="reach must be"):
         reg.register("y", throttle_parser, level="broker", reach=REACH_TOPIC_SUBSCRIPTIONS)
     # the built-in <consumer> is one
-    from broker.config import builtin_registry
+    from plugbroker.config import builtin_registry
 
     assert "consumer" in builtin_registry().topic_only_sections

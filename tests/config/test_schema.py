@@ -5,10 +5,15 @@ from __future__ import annotations
 from configutil import assert_located, fails, wrap
 from lxml import etree
 
-from broker.config import DEFAULT_TOPIC_EXCHANGE, ConfigElementRegistry, parse_config, schema_path
-from broker.config.schema import CORE_ELEMENTS, declared_elements
-from broker.domain.exchange import DELAYED_TYPE, EXCHANGE_TYPES
-from broker.subscription import SUBSCRIPTION_TYPES
+from plugbroker.config import (
+    DEFAULT_TOPIC_EXCHANGE,
+    ConfigElementRegistry,
+    parse_config,
+    schema_path,
+)
+from plugbroker.config.schema import CORE_ELEMENTS, declared_elements
+from plugbroker.domain.exchange import DELAYED_TYPE, EXCHANGE_TYPES
+from plugbroker.subscription import SUBSCRIPTION_TYPES
 
 
 def test_str_input_with_encoding_declaration() -> None:

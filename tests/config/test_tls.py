@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import ConfigElementRegistry, ConfigError, TlsConfig, parse_config
+from plugbroker.config import ConfigElementRegistry, ConfigError, TlsConfig, parse_config
 
 
 def parse(body: str):

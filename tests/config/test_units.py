@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from lxml import etree
 
-from broker.config import schema_path
-from broker.config.units import (
+from plugbroker.config import schema_path
+from plugbroker.config.units import (
     DURATION_PATTERN,
     SIZE_PATTERN,
     format_duration,

@@ -10,8 +10,8 @@ import logging
 import pytest
 from configutil import assert_located, fails
 
-from broker.config import parse_config
-from broker.config.users import (
+from plugbroker.config import parse_config
+from plugbroker.config.users import (
     Permission,
     decode_password_hash,
     hash_password,
@@ -103,7 +103,7 @@ def test_is_loopback() -> None:
 
 
 def test_plain_password_warned_once_per_user(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="broker.config"):
+    with caplog.at_level(logging.WARNING, logger="plugbroker.config"):
         warn_plain_passwords([("warn-me", True), ("hashed", False)], "x.xml")
         warn_plain_passwords([("warn-me", True)], "x.xml")
     lines = [r.getMessage() for r in caplog.records]

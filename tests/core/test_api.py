@@ -10,8 +10,8 @@ import amqp
 import pytest
 from brokerutil import drain_until
 
-from broker.core import api as api_mod
-from broker.core.api import BrokerAPI, NotFound
+from plugbroker.core import api as api_mod
+from plugbroker.core.api import BrokerAPI, NotFound
 
 pytestmark = pytest.mark.e2e
 
@@ -165,7 +165,7 @@ def test_user_view_and_authenticate_with_the_loopback_rule(broker_factory):
 
 @pytest.mark.parametrize("name", ["poison-\ud800", "q" * 256, "é" * 128])
 def test_declare_queue_refuses_a_name_a_client_could_not_send(broker: Any, name: str) -> None:
-    from broker.errors import ChannelError
+    from plugbroker.errors import ChannelError
 
     api = api_of(broker)
     with pytest.raises(ChannelError) as info:

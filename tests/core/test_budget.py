@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from broker.app import Broker
-from broker.budget import Budget, Budgets, counts
-from broker.clock import ManualClock
-from broker.config import parse_config
-from broker.policy import (
+from plugbroker.app import Broker
+from plugbroker.budget import Budget, Budgets, counts
+from plugbroker.clock import ManualClock
+from plugbroker.config import parse_config
+from plugbroker.policy import (
     CancelConsumer,
     CloseConsumerChannels,
     DeleteQueue,
@@ -112,7 +112,7 @@ def test_the_third_action_in_a_minute_is_deferred_and_reported(broker, caplog) -
 
     broker.hooks = Hooks()
     log_only = LogOnly(vhost="/", queue="a", policy="Log", reason="dry run")
-    with caplog.at_level(logging.INFO, logger="broker.policy"):
+    with caplog.at_level(logging.INFO, logger="plugbroker.policy"):
         outcomes = broker.apply_actions([log_only, delete("a"), delete("b"), delete("c")])
     assert outcomes == ["logged", "applied", "applied", "deferred"]
     assert "c" in vh.queues and "a" not in vh.queues and "b" not in vh.queues
@@ -149,7 +149,7 @@ def test_each_policy_action_is_one_info_line(broker, caplog) -> None:
     with caplog.at_level(logging.DEBUG):
         assert broker.apply_actions([delete("a"), log_only]) == ["applied", "logged"]
     lines = [r for r in caplog.records if r.levelno >= logging.INFO]
-    assert [(r.name, r.levelname) for r in lines] == [("broker.policy", "INFO")] * 2, [
+    assert [(r.name, r.levelname) for r in lines] == [("plugbroker.policy", "INFO")] * 2, [
         r.getMessage() for r in lines
     ]
     assert "queue deleted" in lines[0].getMessage() and "[log only]" in lines[1].getMessage()

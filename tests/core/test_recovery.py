@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from broker.clock import ManualClock
-from broker.codec import properties as P
-from broker.core.recovery import RecoveryStats, recover
-from broker.domain.exchange import DelayedExchange
-from broker.domain.message import Message, MessageIds
-from broker.domain.queue import Queue
-from broker.domain.timers import Timers
-from broker.domain.vhost import VirtualHost
-from broker.store import (
+from plugbroker.clock import ManualClock
+from plugbroker.codec import properties as P
+from plugbroker.core.recovery import RecoveryStats, recover
+from plugbroker.domain.exchange import DelayedExchange
+from plugbroker.domain.message import Message, MessageIds
+from plugbroker.domain.queue import Queue
+from plugbroker.domain.timers import Timers
+from plugbroker.domain.vhost import VirtualHost
+from plugbroker.store import (
     BindingRecord,
     DelayedRecord,
     ExchangeRecord,

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker.domain import fate
+from plugbroker.domain import fate
 
 
 def consumer() -> SimpleNamespace:
@@ -88,8 +88,8 @@ def test_due_time_takes_the_first_header_present():
 
 
 def test_the_message_age_counts_a_message_not_due_from_its_due_time():
-    from broker.domain.message import Message
-    from broker.domain.queue import Queue
+    from plugbroker.domain.message import Message
+    from plugbroker.domain.queue import Queue
 
     vh = SimpleNamespace(clock=SimpleNamespace(monotonic=lambda: 0.0))
     q = Queue(vh, "q")  # type: ignore[arg-type]

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from broker.clock import ManualClock
-from broker.codec import properties as P
-from broker.domain.exchange import headers_match, topic_matches
-from broker.domain.message import Message
-from broker.domain.timers import Timers
-from broker.domain.vhost import VirtualHost
+from plugbroker.clock import ManualClock
+from plugbroker.codec import properties as P
+from plugbroker.domain.exchange import headers_match, topic_matches
+from plugbroker.domain.message import Message
+from plugbroker.domain.timers import Timers
+from plugbroker.domain.vhost import VirtualHost
 
 
 @pytest.mark.parametrize(

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from broker.clock import ManualClock
-from broker.codec import properties as P
-from broker.decisions import RejectDecision
-from broker.domain import fate
-from broker.domain.message import Message
-from broker.domain.queue import Consumer, Queue
-from broker.domain.timers import Timers
-from broker.domain.vhost import VirtualHost
+from plugbroker.clock import ManualClock
+from plugbroker.codec import properties as P
+from plugbroker.decisions import RejectDecision
+from plugbroker.domain import fate
+from plugbroker.domain.message import Message
+from plugbroker.domain.queue import Consumer, Queue
+from plugbroker.domain.timers import Timers
+from plugbroker.domain.vhost import VirtualHost
 
 
 class Hooks:

@@ -9,8 +9,8 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from rawclient import deep_header_properties
 
-from broker.codec.properties import decode
-from broker.domain.message import Message
+from plugbroker.codec.properties import decode
+from plugbroker.domain.message import Message
 
 
 def test_redelivery_of_headers_too_deep_to_re_encode_keeps_the_published_properties() -> None:

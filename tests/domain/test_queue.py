@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from broker.clock import ManualClock
-from broker.codec import properties as P
-from broker.domain.message import Message
-from broker.domain.queue import Consumer, Queue
-from broker.domain.timers import Timers
-from broker.domain.vhost import VirtualHost
-from broker.errors import ChannelError
+from plugbroker.clock import ManualClock
+from plugbroker.codec import properties as P
+from plugbroker.domain.message import Message
+from plugbroker.domain.queue import Consumer, Queue
+from plugbroker.domain.timers import Timers
+from plugbroker.domain.vhost import VirtualHost
+from plugbroker.errors import ChannelError
 
 
 class FakeChannel:

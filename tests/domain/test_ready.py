@@ -7,9 +7,9 @@ from collections.abc import Callable
 import pytest
 from readylist import check_ready_list
 
-from broker.codec import properties as P
-from broker.domain.message import Message, MessageIds
-from broker.domain.ready import FifoReady, PriorityReady, ReadyList
+from plugbroker.codec import properties as P
+from plugbroker.domain.message import Message, MessageIds
+from plugbroker.domain.ready import FifoReady, PriorityReady, ReadyList
 
 IDS = MessageIds()
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from broker.clock import ManualClock
-from broker.domain.timers import Timers
+from plugbroker.clock import ManualClock
+from plugbroker.domain.timers import Timers
 
 
 def test_timers_run_in_due_order_and_report_the_earliest_change():

@@ -13,7 +13,7 @@ import kombu
 import pytest
 from brokerutil import ADMIN_GUEST
 
-from broker.cli import main as cli
+from plugbroker.cli import main as cli
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,7 @@ def test_overview_queues_consumers_connections_and_metrics(broker_factory):
             conn.drain_events(timeout=2)
             ov = call(b, "/api/overview")
             assert ov["product"] == "plugbroker" and ov["connections"] >= 1
-            assert "plugins.slow_consumer" in ov["plugins"]
+            assert "plugbroker.plugins.slow_consumer" in ov["plugins"]
             [jobs] = [x for x in call(b, "/api/queues") if x["name"] == "jobs"]
             assert (jobs["messages"], jobs["ready"], jobs["unacked"], jobs["consumers"]) == (
                 2,
@@ -176,7 +176,7 @@ RETRYING = (
 def _dead_letter_some(url: str) -> None:
     """Into orders-DLQ: one rejected, one past the nack limit, one past the retry limit (by
     reconsume_later); all persistent."""
-    from broker.retry import reconsume_later
+    from plugbroker.retry import reconsume_later
 
     with kombu.Connection(url) as conn:
         q = kombu.Queue("orders", routing_key="orders", durable=True)
@@ -220,7 +220,7 @@ def test_the_dead_letter_view_reads_the_queues_and_survives_a_restart(broker_fac
 
 
 def test_redrive_options_dry_run_reason_rate_and_reset(broker_factory, capsys):
-    from broker.retry import reconsume_later
+    from plugbroker.retry import reconsume_later
 
     b = broker_factory(RETRYING, admin=True, users=ADMIN_GUEST)
     _dead_letter_some(b.url())

@@ -18,8 +18,8 @@ import kombu
 import pytest
 from brokerutil import ADMIN_GUEST, drain_until
 
-from broker.cli import main as cli
-from broker.hookimpl import hookimpl
+from plugbroker.cli import main as cli
+from plugbroker.hookimpl import hookimpl
 
 pytestmark = pytest.mark.e2e
 
@@ -80,7 +80,7 @@ def url(b) -> str:
 
 
 def test_purge_through_the_cli_empties_the_queue_and_logs_who(b, capsys, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="broker.admin")
+    caplog.set_level(logging.INFO, logger="plugbroker.admin")
     by = Bystander(b)
     with kombu.Connection(b.url()) as conn:
         q = kombu.Queue("orders", routing_key="orders", auto_delete=False)
@@ -108,7 +108,7 @@ class DeletedQueues:
 
 
 def test_delete_cancels_the_consumers_and_removes_the_queue(b, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="broker.admin")
+    caplog.set_level(logging.INFO, logger="plugbroker.admin")
     deleted = DeletedQueues()
     b.call(lambda: b.broker.api.register_plugin(deleted, "test-deleted"))
     conn = connect(b)
@@ -195,7 +195,7 @@ def test_tables_are_aligned_and_json_on_request(b, capsys) -> None:
 
 
 def test_history_samples_backlog_and_oldest_age_per_queue(broker_factory) -> None:
-    from broker.clock import ManualClock
+    from plugbroker.clock import ManualClock
 
     clock = ManualClock()
     b = broker_factory(admin=True, users=ADMIN_GUEST, clock=clock)
@@ -352,7 +352,7 @@ POISON = (
 def test_consumers_show_isolated_ones_and_the_poison_suspect(broker_factory) -> None:
     """Three consumers that never settle the one message: the first two are isolated in turn,
     the third holds a message two others held without settling (a poison suspect)."""
-    from broker.clock import ManualClock
+    from plugbroker.clock import ManualClock
 
     clock = ManualClock()
     b = broker_factory(POISON, admin=True, users=ADMIN_GUEST, clock=clock, period="600000")

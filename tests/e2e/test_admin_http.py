@@ -17,8 +17,8 @@ import pytest
 import trustme
 from brokerutil import ADMIN_GUEST
 
-from broker.admin_http import AdminServer, HttpLimits
-from broker.cli import main as cli
+from plugbroker.admin_http import AdminServer, HttpLimits
+from plugbroker.cli import main as cli
 
 pytestmark = pytest.mark.e2e
 
@@ -221,7 +221,7 @@ def test_https_admin(broker_factory, tmp_path: Path, capsys, caplog) -> None:
     assert srv.scheme == "https"
     ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
     assert get(srv.port, "/api/overview", scheme="https", context=ctx)["product"] == "plugbroker"
-    with caplog.at_level(logging.WARNING, logger="broker.admin"):
+    with caplog.at_level(logging.WARNING, logger="plugbroker.admin"):
         with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP: no answer
             get(srv.port, "/api/overview")
         deadline = time.monotonic() + 3

@@ -15,8 +15,8 @@ from urllib.parse import quote
 
 import pytest
 
-from broker.admin_http import ENDPOINTS
-from broker.cli import main as cli
+from plugbroker.admin_http import ENDPOINTS
+from plugbroker.cli import main as cli
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import amqp
 import pytest
 from brokerutil import drain_until
 
-from broker.hookimpl import hookimpl
+from plugbroker.hookimpl import hookimpl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

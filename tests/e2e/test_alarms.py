@@ -23,8 +23,8 @@ from rawclient import (
     publish_frames,
 )
 
-from broker.admin import prometheus_text
-from broker.server import WRITE_HIGH_WATER
+from plugbroker.admin import prometheus_text
+from plugbroker.server import WRITE_HIGH_WATER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

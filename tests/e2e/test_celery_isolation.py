@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from broker.hookimpl import hookimpl
+from plugbroker.hookimpl import hookimpl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logg
                 task_acks_late=True, worker_prefetch_multiplier=4, broker_heartbeat=0,
                 worker_timer_precision=0.1)
 if os.environ.get("PB_TOUCH"):
-    from broker.contrib.celery import install
+    from plugbroker.contrib.celery import install
     install(app)
 
 

@@ -20,8 +20,8 @@ import pytest
 from brokerutil import ADMIN_GUEST, drain_until
 from rawclient import RawClient, deep_header_properties, publish_frames
 
-from broker.codec.tables import MAX_DEPTH
-from broker.hookimpl import hookimpl
+from plugbroker.codec.tables import MAX_DEPTH
+from plugbroker.hookimpl import hookimpl
 
 
 def connect(b: Any, **kw: Any) -> amqp.Connection:

@@ -12,7 +12,7 @@ import amqp
 import kombu
 import pytest
 
-from broker.retry import RetryError, reconsume_later
+from plugbroker.retry import RetryError, reconsume_later
 
 pytestmark = pytest.mark.e2e
 
@@ -171,7 +171,7 @@ def test_without_backoff_a_requeue_is_immediate(broker_factory):
 
 
 def test_a_custom_backoff_class_from_a_plugin(broker_factory):
-    from broker.hookimpl import hookimpl
+    from plugbroker.hookimpl import hookimpl
 
     class Linear:
         def __init__(self, params: dict[str, str]) -> None:

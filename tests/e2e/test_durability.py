@@ -1,7 +1,7 @@
 """Durability end to end: restarts, kill -9 and a refused store, with real clients.
 
 The kill -9 cycles and the tests that must survive SIGKILL run the broker as a subprocess
-(``python3 -m broker run``); the graceful-restart tests use the in-process harness.
+(``python3 -m plugbroker run``); the graceful-restart tests use the in-process harness.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
 from kill9cycle import run_cycle
 from procutil import BrokerProcess, write_config
 
-from broker.retry import reconsume_later
+from plugbroker.retry import reconsume_later
 
 pytestmark = pytest.mark.e2e
 
@@ -295,7 +295,7 @@ def test_corrupt_store_is_refused_with_a_message_naming_the_file(tmp_path: Path)
     db.write_bytes(b"\x00garbage, not SQLite\x00" * 512)
     cfg = write_config(tmp_path, store)
     proc = subprocess.run(
-        [sys.executable, "-m", "broker", "run", "--config", str(cfg), "--port", "0"],
+        [sys.executable, "-m", "plugbroker", "run", "--config", str(cfg), "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,

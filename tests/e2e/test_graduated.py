@@ -18,7 +18,7 @@ import kombu
 import pytest
 from kombu.mixins import ConsumerMixin
 
-from plugins.journal import read_journal
+from plugbroker.plugins.journal import read_journal
 
 pytestmark = pytest.mark.e2e
 
@@ -123,7 +123,7 @@ def test_a_slow_subscriber_is_slowed_then_cancelled_then_closed(broker_factory, 
         publish(b, 12)
         drain(conn, lambda: len(held) == 8)
 
-        with caplog.at_level(logging.INFO, logger="broker.policy"):
+        with caplog.at_level(logging.INFO, logger="plugbroker.policy"):
             check(b)  # step 1: a log line only
         assert any("Graduated step 1 (log)" in r.getMessage() for r in caplog.records)
         assert consumer_prefetch(b, qname) == [8]
@@ -175,7 +175,7 @@ def test_the_budget_defers_the_third_action_and_reports_it(broker_factory, caplo
         check(b)  # cancel: 2nd action
         drain(conn, lambda: len(cancelled) == 1)
         ch.basic_consume(qname, callback=held.append)
-        with caplog.at_level(logging.INFO, logger="broker.policy"):
+        with caplog.at_level(logging.INFO, logger="plugbroker.policy"):
             check(b)  # 506: the 3rd action in the minute, deferred
             check(b)  # asked for again (not passed over to delete), deferred again
         reported = [

@@ -13,8 +13,8 @@ import amqp
 import kombu
 import pytest
 
-from broker.hookimpl import hookimpl
-from broker.pluginhost import hookspec_names
+from plugbroker.hookimpl import hookimpl
+from plugbroker.pluginhost import hookspec_names
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,7 @@ def recorder() -> tuple[types.ModuleType, dict[str, list[dict[str, Any]]]]:
         def make(hook: str):  # one function per hook, taking exactly its arguments
             import inspect
 
-            from broker import hookspecs
+            from plugbroker import hookspecs
 
             params = list(inspect.signature(getattr(hookspecs, hook)).parameters)
             src = (

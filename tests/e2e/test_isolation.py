@@ -163,7 +163,7 @@ def test_a_healthy_consumer_back_from_an_idle_spell_is_not_isolated(broker_facto
 def test_a_stuck_consumer_back_from_an_idle_spell_is_isolated_after_ack_timeout(
     broker_factory, workers, caplog
 ):
-    caplog.set_level(logging.INFO, logger="broker.policy")
+    caplog.set_level(logging.INFO, logger="plugbroker.policy")
     b = broker_factory(IDLE_CONFIG)
     stuck = Worker(b.url(), "stuck", prefetch=1)
     ok = Worker(b.url(), "ok", prefetch=1, work=0.2)
@@ -186,7 +186,7 @@ def test_a_stuck_consumer_back_from_an_idle_spell_is_isolated_after_ack_timeout(
 
 
 def test_scheme_3_disconnecting_also_releases(broker_factory, workers, caplog):
-    caplog.set_level(logging.INFO, logger="broker.policy")
+    caplog.set_level(logging.INFO, logger="plugbroker.policy")
     b = broker_factory(config())
     stuck, ok = Worker(b.url(), "stuck", acks=False), Worker(b.url(), "ok")
     workers += [ok]
@@ -205,7 +205,7 @@ def test_scheme_3_disconnecting_also_releases(broker_factory, workers, caplog):
 def test_scheme_4_with_two_consumers_both_stuck_only_one_is_isolated(
     broker_factory, workers, caplog
 ):
-    caplog.set_level(logging.INFO, logger="broker.policy")
+    caplog.set_level(logging.INFO, logger="plugbroker.policy")
     b = broker_factory(config())
     a, c = Worker(b.url(), "a", acks=False), Worker(b.url(), "c", acks=False)
     workers += [a, c]
@@ -391,7 +391,7 @@ def test_a_poison_message_is_dead_lettered_after_three_consumers_and_they_are_re
         dead.ack()
     b.stop()
     # the journal has the dead letter with reason poison, the policy action and the releases
-    from plugins.journal import read_journal
+    from plugbroker.plugins.journal import read_journal
 
     evs = [e for e in read_journal(tmp_path / "journal").to_pylist() if e["queue"] == "work"]
     [dl] = [e for e in evs if e["event"] == "dead_lettered"]

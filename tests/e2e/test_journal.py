@@ -10,7 +10,7 @@ import amqp
 import kombu
 import pytest
 
-from plugins.journal import journal_of, read_journal
+from plugbroker.plugins.journal import journal_of, read_journal
 
 pytestmark = pytest.mark.e2e
 
@@ -174,9 +174,9 @@ def test_slow_consumer_action_is_recorded_with_threshold_and_values(broker_facto
 def test_without_a_journal_no_recorder_is_on_the_hot_path(broker_factory):
     b = broker_factory()
     host = b.running.plugins
-    assert "plugins.journal" in host.names()
+    assert "plugbroker.plugins.journal" in host.names()
     assert not any(n.startswith("journal-recorder") for n in host.names())
-    assert "plugins.journal" not in host.implementers("broker_message_published")
+    assert "plugbroker.plugins.journal" not in host.implementers("broker_message_published")
     assert journal_of(b.broker.api) is None
 
 

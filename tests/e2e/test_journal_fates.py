@@ -18,8 +18,8 @@ from typing import Any
 import amqp
 import pytest
 
-from broker.retry import reconsume_later
-from plugins.journal import SCHEMA_VERSION, read_journal
+from plugbroker.plugins.journal import SCHEMA_VERSION, read_journal
+from plugbroker.retry import reconsume_later
 
 pytestmark = pytest.mark.e2e
 

@@ -231,9 +231,9 @@ def test_a_peer_that_keeps_failing_does_not_slow_another_peer(broker_factory) ->
 ACCEPT_CHILD = r"""
 import asyncio, logging, resource, socket, sys
 sys.path.insert(0, sys.argv[2])
-from broker.app import Broker
-from broker.config import load_config
-from broker.server import Server
+from plugbroker.app import Broker
+from plugbroker.config import load_config
+from plugbroker.server import Server
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 

@@ -24,11 +24,11 @@ import pytest
 from brokerutil import BrokerThread, drain_until, write_config
 from rawclient import decode_method, method_frame, parse_frames
 
-from broker.app import Broker
-from broker.clock import ManualClock
-from broker.codec.frames import PROTOCOL_HEADER
-from broker.config import parse_config
-from broker.session import Connection
+from plugbroker.app import Broker
+from plugbroker.clock import ManualClock
+from plugbroker.codec.frames import PROTOCOL_HEADER
+from plugbroker.config import parse_config
+from plugbroker.session import Connection
 
 pytestmark = pytest.mark.e2e
 

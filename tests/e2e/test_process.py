@@ -29,7 +29,7 @@ def start(config: Path, port: int, cwd: Path, *extra: str) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "broker",
+            "plugbroker",
             "run",
             "--config",
             str(config),
@@ -133,7 +133,16 @@ def test_a_bad_config_is_refused_at_start_with_file_and_line(tmp_path):
         "<maessageAge>5</maessageAge></consumer></topic>\n</virtualhost></broker>"
     )
     res = subprocess.run(
-        [sys.executable, "-m", "broker", "run", "--config", str(bad), "--port", str(free_port())],
+        [
+            sys.executable,
+            "-m",
+            "plugbroker",
+            "run",
+            "--config",
+            str(bad),
+            "--port",
+            str(free_port()),
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -146,7 +155,7 @@ def test_an_unknown_plugin_is_refused_at_start(tmp_path):
     cfg = tmp_path / "p.xml"
     cfg.write_text("<broker><plugins><plugin>no_such_plugin_module</plugin></plugins></broker>")
     res = subprocess.run(
-        [sys.executable, "-m", "broker", "check-config", str(cfg)],
+        [sys.executable, "-m", "plugbroker", "check-config", str(cfg)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -159,7 +168,7 @@ def test_run_refuses_uvloop_with_a_tls_listener(tmp_path):
     cfg = tmp_path / "tls.xml"
     cfg.write_text('<broker><tls port="5671" cert="c.pem" key="k.pem"/></broker>')
     res = subprocess.run(
-        [sys.executable, "-m", "broker", "run", "--config", str(cfg), "--loop", "uvloop"],
+        [sys.executable, "-m", "plugbroker", "run", "--config", str(cfg), "--loop", "uvloop"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -192,5 +201,7 @@ def test_log_format_json_writes_one_object_per_line(tmp_path):
     for rec in lines:
         assert {"time", "level", "logger", "message"} <= rec.keys(), rec
     closed = [r for r in lines if "540" in r["message"]]
-    assert closed and closed[0]["level"] == "WARNING" and closed[0]["logger"] == "broker.session"
+    assert (
+        closed and closed[0]["level"] == "WARNING" and closed[0]["logger"] == "plugbroker.session"
+    )
     assert any(r["message"].startswith("event loop:") for r in lines)

@@ -19,7 +19,7 @@ from amqp import exceptions as ex
 from amqp.method_framing import frame_handler as default_frame_handler
 from brokerutil import drain_for, drain_until
 
-from broker.codec import ServerCodec
+from plugbroker.codec import ServerCodec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
 

@@ -231,7 +231,7 @@ def test_queue_without_consumer_is_deleted(start):
 def test_durable_subscription_follows_delete_persistent(start, caplog, delete_persistent):
     b = start("<messageCount>5</messageCount>", delete_persistent=delete_persistent)
     name = f"durable-sub-{delete_persistent}"
-    caplog.set_level(logging.INFO, logger="broker.policy")
+    caplog.set_level(logging.INFO, logger="plugbroker.policy")
     with connect(b) as conn:
         ch, qname = subscribe(conn, durable=True, name=name)
         held = []
@@ -322,7 +322,7 @@ def test_rate_floor_counts_what_the_prefetch_holds_as_backlog(start):
 
 def test_log_policy_is_a_dry_run(start, caplog):
     b = start("<messageCount>5</messageCount>", policy="Log")
-    caplog.set_level(logging.INFO, logger="broker.policy")
+    caplog.set_level(logging.INFO, logger="plugbroker.policy")
     with connect(b) as conn:
         ch, qname = subscribe(conn)
         held = []

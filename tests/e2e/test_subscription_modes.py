@@ -164,7 +164,7 @@ def test_key_shared_uses_the_routing_key_without_x_key(broker):
 def test_a_plugin_supplies_dispatch_through_the_firstresult_hook(broker_factory):
     """A plugin that always picks the consumer with the fewest deliveries so far wins over the
     core's round-robin (the hook is firstresult)."""
-    from broker.hookimpl import hookimpl
+    from plugbroker.hookimpl import hookimpl
 
     mod = types.ModuleType("pick_last_plugin")
     picks: Counter[str] = Counter()

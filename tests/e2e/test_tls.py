@@ -20,7 +20,7 @@ import pytest
 import trustme
 from brokerutil import BrokerThread
 
-from broker.config import ConfigError
+from plugbroker.config import ConfigError
 
 pytestmark = pytest.mark.e2e
 
@@ -303,7 +303,7 @@ def test_refusals_are_clean_one_line_each_and_spare_a_bystander(
             ch.basic_publish(amqp.Message(b"x"), routing_key="bystander")
             sent += 1
 
-    caplog.set_level(logging.WARNING, logger="broker.server")
+    caplog.set_level(logging.WARNING, logger="plugbroker.server")
     publish()
     # 1. a plaintext AMQP client on the TLS port
     with socket.create_connection((HOST, port), timeout=3) as s:
@@ -344,7 +344,7 @@ def test_a_handshake_that_never_comes_is_dropped_after_the_handshake_timeout(
     path.write_text(text)
     b = BrokerThread(path).start()
     try:
-        caplog.set_level(logging.WARNING, logger="broker.server")
+        caplog.set_level(logging.WARNING, logger="plugbroker.server")
         with socket.create_connection((HOST, tls_port(b)), timeout=3) as s:
             assert s.recv(100) == b""  # silent client: dropped
         wait_for(lambda: len(refusals(caplog)) == 1)

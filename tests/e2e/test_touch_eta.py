@@ -10,8 +10,8 @@ from collections.abc import Callable
 import amqp
 import pytest
 
-from broker.contrib.touch import ACK_TIMEOUT_HEADER, ack_timeout, touch
-from broker.domain import exchange as core_exchange
+from plugbroker.contrib.touch import ACK_TIMEOUT_HEADER, ack_timeout, touch
+from plugbroker.domain import exchange as core_exchange
 
 pytestmark = pytest.mark.e2e
 
@@ -91,7 +91,7 @@ def clients():
 
 
 def test_contrib_constants_match_the_broker():
-    from broker.contrib import touch as t
+    from plugbroker.contrib import touch as t
 
     assert t.TOUCH_EXCHANGE == core_exchange.TOUCH_EXCHANGE
     assert t.TOUCH_TAG_HEADER == core_exchange.TOUCH_TAG_HEADER

@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 from configutil import ROOT, fails, wrap
 
-from broker.config import load_config, parse_config
-from broker.pluginhost import PluginHost
-from broker.retry import DEFAULT_LEVELS, MAX_DELAY, MIN_DELAY
-from broker.retry import DEFAULT_LEVELS as DEFAULT_RETRY_LEVELS
-from plugins.dead_letter_config import (
+from plugbroker.config import load_config, parse_config
+from plugbroker.pluginhost import PluginHost
+from plugbroker.plugins.dead_letter_config import (
     BACKOFF_TYPES,
     SECTION,
     BackoffConfig,
@@ -17,6 +15,8 @@ from plugins.dead_letter_config import (
     RetryConfig,
     parse_dead_letter,
 )
+from plugbroker.retry import DEFAULT_LEVELS, MAX_DELAY, MIN_DELAY
+from plugbroker.retry import DEFAULT_LEVELS as DEFAULT_RETRY_LEVELS
 
 
 def test_retry_dlq_example() -> None:
@@ -107,7 +107,7 @@ def test_backoff_and_retry_helpers() -> None:
 
 def test_the_plugin_brings_dead_letter_through_its_hook() -> None:
     host = PluginHost()
-    host.load(builtins=("plugins.dead_letter",), entry_points=False)
+    host.load(builtins=("plugbroker.plugins.dead_letter",), entry_points=False)
     registry = host.config_registry()
     assert registry.section_names == frozenset({SECTION})
     assert registry.get(SECTION) is parse_dead_letter

@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from broker.config import PolicyRef
-from broker.policy import (
+from plugbroker.config import PolicyRef
+from plugbroker.plugins.slow_consumer import delete_policy, evaluate, graduated_policy, log_policy
+from plugbroker.plugins.slow_consumer_config import SlowConsumerConfig
+from plugbroker.policy import (
     DEFERRED,
     Action,
     CancelConsumer,
@@ -21,8 +23,6 @@ from broker.policy import (
     Snapshot,
     Spared,
 )
-from plugins.slow_consumer import delete_policy, evaluate, graduated_policy, log_policy
-from plugins.slow_consumer_config import SlowConsumerConfig
 
 POLICIES = {"Delete": delete_policy, "Log": log_policy, "Graduated": graduated_policy}
 

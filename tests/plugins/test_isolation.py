@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from broker.policy import (
+from plugbroker.plugins.isolation import evaluate
+from plugbroker.plugins.isolation_config import IsolationConfig
+from plugbroker.policy import (
     ConsumerView,
     DeadLetterPoison,
     IsolateConsumer,
@@ -10,9 +12,7 @@ from broker.policy import (
     Snapshot,
     Spared,
 )
-from broker.registry import Registry
-from plugins.isolation import evaluate
-from plugins.isolation_config import IsolationConfig
+from plugbroker.registry import Registry
 
 CFG = IsolationConfig(ack_timeout=300.0)
 #: isolation names no policy: a lookup with none registered

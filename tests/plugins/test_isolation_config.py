@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from configutil import ROOT, assert_located, fails, wrap
 
-from broker.config import load_config, parse_config
-from broker.pluginhost import PluginHost
-from plugins.isolation_config import SECTION, IsolationConfig, parse_isolation
+from plugbroker.config import load_config, parse_config
+from plugbroker.pluginhost import PluginHost
+from plugbroker.plugins.isolation_config import SECTION, IsolationConfig, parse_isolation
 
 
 def test_shared_isolation_example() -> None:
@@ -88,7 +88,7 @@ def test_isolation_cap() -> None:
 
 def test_the_plugin_brings_isolation_through_its_hook() -> None:
     host = PluginHost()
-    host.load(builtins=("plugins.isolation",), entry_points=False)
+    host.load(builtins=("plugbroker.plugins.isolation",), entry_points=False)
     registry = host.config_registry()
     assert registry.section_names == frozenset({SECTION})
     assert registry.get(SECTION) is parse_isolation

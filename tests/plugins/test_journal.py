@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from broker.clock import ManualClock
-from broker.policy import CloseConsumerChannels, IsolateConsumer
-from plugins import journal as J
+from plugbroker.clock import ManualClock
+from plugbroker.plugins import journal as J
+from plugbroker.policy import CloseConsumerChannels, IsolateConsumer
 
 
 class Msg:
@@ -226,7 +226,7 @@ def test_a_full_buffer_drops_counts_and_logs_never_blocks(tmp_path, caplog):
         acked(j, i)
     assert time.perf_counter() - started < 0.5
     assert len(j.buffer) == 10 and j.dropped == 15
-    with caplog.at_level(logging.WARNING, logger="plugins.journal"):
+    with caplog.at_level(logging.WARNING, logger="plugbroker.plugins.journal"):
         j.start()
         j.close()
     assert any("15 event(s) dropped" in r.getMessage() for r in caplog.records)
@@ -269,7 +269,7 @@ def test_leftover_hidden_files_are_reported(tmp_path, caplog):
     folder = tmp_path / "journal" / "date=2026-01-01" / "hour=00"
     folder.mkdir(parents=True)
     (folder / ".events-crashed-00001.parquet").write_bytes(b"PAR1")
-    with caplog.at_level(logging.WARNING, logger="plugins.journal"):
+    with caplog.at_level(logging.WARNING, logger="plugbroker.plugins.journal"):
         j = make(tmp_path).start()
         j.close()
     assert any("did not shut down cleanly" in r.getMessage() for r in caplog.records)

@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
-from broker.config import PolicyRef
-from broker.policy import (
+from plugbroker.config import PolicyRef
+from plugbroker.plugins.slow_consumer import delete_policy, evaluate, log_policy, measure
+from plugbroker.plugins.slow_consumer_config import SlowConsumerConfig
+from plugbroker.policy import (
     CloseConsumerChannels,
     ConsumerView,
     DeleteQueue,
@@ -16,8 +18,6 @@ from broker.policy import (
     Snapshot,
     Spared,
 )
-from plugins.slow_consumer import delete_policy, evaluate, log_policy, measure
-from plugins.slow_consumer_config import SlowConsumerConfig
 
 POLICIES = {"Delete": delete_policy, "Log": log_policy}
 

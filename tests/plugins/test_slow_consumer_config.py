@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 from configutil import ROOT, fails, wrap
 
-from broker.config import (
+from plugbroker.config import (
     ConfigElementRegistry,
     PolicyRef,
     UnparsedSection,
     load_config,
     parse_config,
 )
-from broker.pluginhost import PluginHost
-from plugins.slow_consumer_config import (
+from plugbroker.pluginhost import PluginHost
+from plugbroker.plugins.slow_consumer_config import (
     POLICIES,
     SECTION,
     SlowConsumerConfig,
@@ -104,7 +104,7 @@ def test_consumer_range_and_rule_errors(section: str, element: str, fragment: st
 
 def test_the_plugin_brings_consumer_and_its_policy_names_through_its_hooks() -> None:
     host = PluginHost()
-    host.load(builtins=("plugins.slow_consumer",), entry_points=False)
+    host.load(builtins=("plugbroker.plugins.slow_consumer",), entry_points=False)
     registry = host.config_registry()
     assert registry.section_names == frozenset({SECTION})
     assert registry.get(SECTION) is parse_consumer

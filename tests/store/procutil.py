@@ -1,4 +1,4 @@
-"""A broker in a subprocess (``python3 -m broker run``) on a store directory: what the kill -9
+"""A broker in a subprocess (``python3 -m plugbroker run``) on a store directory: what the kill -9
 tests, the soak script and the store benchmark start, kill and restart."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def write_config(directory: Path, store: Path, vhost: str = "", name: str = "bro
 
 
 class BrokerProcess:
-    """``python3 -m broker run --config <cfg> --port <port>``; :meth:`start` waits until it
+    """``python3 -m plugbroker run --config <cfg> --port <port>``; :meth:`start` waits until it
     listens (or raises with its output if it exits first)."""
 
     def __init__(
@@ -66,7 +66,7 @@ class BrokerProcess:
             [
                 sys.executable,
                 "-m",
-                "broker",
+                "plugbroker",
                 "--log-level",
                 self.log_level,
                 "run",

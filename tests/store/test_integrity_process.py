@@ -1,4 +1,4 @@
-"""Store integrity and signals with the broker as a real process (``python3 -m broker run``)."""
+"""Store integrity and signals with the broker as a real process (``python3 -m plugbroker run``)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from procutil import ROOT, BrokerProcess, free_port, write_config
 
-from broker.codec import properties as P
-from broker.store import sqlite as S
-from broker.store.sqlite import SQLiteStore
+from plugbroker.codec import properties as P
+from plugbroker.store import sqlite as S
+from plugbroker.store.sqlite import SQLiteStore
 
 
 def _big_store(store: Path, n: int) -> None:
@@ -44,7 +44,7 @@ def _run(config: Path, port: int, log: Path, *extra: str) -> subprocess.Popen[by
         [
             sys.executable,
             "-m",
-            "broker",
+            "plugbroker",
             "--log-level",
             "INFO",
             "run",
@@ -160,7 +160,7 @@ def test_a_store_damaged_after_kill9_is_refused_then_started_with_accept_loss(
         db.write_bytes(b"")
         words = "empty (0 bytes)"
     refused = subprocess.run(
-        [sys.executable, "-m", "broker", "run", "--config", str(config), "--port", "0"],
+        [sys.executable, "-m", "plugbroker", "run", "--config", str(config), "--port", "0"],
         capture_output=True,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         cwd=str(ROOT),

@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from broker.clock import ManualClock
-from broker.codec import properties as P
-from broker.core.recovery import recover
-from broker.domain import fate
-from broker.domain.exchange import DelayedExchange
-from broker.domain.message import Message
-from broker.domain.timers import Timers
-from broker.domain.vhost import VirtualHost
-from broker.store import sqlite as S
-from broker.store.sqlite import PagedReady, SQLiteStore, StoreError
+from plugbroker.clock import ManualClock
+from plugbroker.codec import properties as P
+from plugbroker.core.recovery import recover
+from plugbroker.domain import fate
+from plugbroker.domain.exchange import DelayedExchange
+from plugbroker.domain.message import Message
+from plugbroker.domain.timers import Timers
+from plugbroker.domain.vhost import VirtualHost
+from plugbroker.store import sqlite as S
+from plugbroker.store.sqlite import PagedReady, SQLiteStore, StoreError
 
 
 class FakeLoop:
@@ -667,7 +667,7 @@ def test_a_store_that_lost_data_is_refused_unless_the_loss_is_accepted(
         con.close()
         words = ("fewer than at its last clean stop",)
     _refusal(world.path, *words)
-    caplog.set_level(logging.WARNING, logger="broker.store")
+    caplog.set_level(logging.WARNING, logger="plugbroker.store")
     store = SQLiteStore(world.path, accept_loss=True)
     try:
         assert store.lost

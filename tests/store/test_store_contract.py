@@ -1,6 +1,6 @@
 """What every store must do: one test body, run against each implementation.
 
-Each test drives a store through the :class:`broker.store.Store` interface only (the calls the
+Each test drives a store through the :class:`plugbroker.store.Store` interface only (the calls the
 domain makes, then the records a restart reads back). A store that keeps nothing
 (``store.durable`` False) must still accept every call and return no records; the cases that
 only make sense for a store that keeps data are skipped by that flag, never by the store's name.
@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from readylist import check_ready_list
 
-from broker.clock import ManualClock
-from broker.codec import properties as P
-from broker.domain.exchange import DelayedExchange, DirectExchange, Exchange
-from broker.domain.message import Message
-from broker.domain.queue import Queue
-from broker.domain.timers import Timers
-from broker.domain.vhost import VirtualHost
-from broker.store import (
+from plugbroker.clock import ManualClock
+from plugbroker.codec import properties as P
+from plugbroker.domain.exchange import DelayedExchange, DirectExchange, Exchange
+from plugbroker.domain.message import Message
+from plugbroker.domain.queue import Queue
+from plugbroker.domain.timers import Timers
+from plugbroker.domain.vhost import VirtualHost
+from plugbroker.store import (
     BindingRecord,
     DelayedRecord,
     ExchangeRecord,
@@ -37,7 +37,7 @@ from broker.store import (
     Store,
     StoredTopology,
 )
-from broker.store.sqlite import SQLiteStore
+from plugbroker.store.sqlite import SQLiteStore
 
 
 class FakeLoop:

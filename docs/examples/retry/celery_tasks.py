@@ -13,7 +13,7 @@ from celery import Celery, Task
 from celery.exceptions import Ignore
 from celery.worker.request import Request
 
-from broker.retry import reconsume_later
+from plugbroker.retry import reconsume_later
 
 
 class ReconsumeLater(Ignore):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import kombu
 
-from broker.retry import reconsume_later
+from plugbroker.retry import reconsume_later
 
 
 def run(url: str) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import kombu
 
-from broker.retry import reconsume_later
+from plugbroker.retry import reconsume_later
 
 
 def run(url: str, mode: str = "delay", seconds: float = 4.0) -> list[int]:
