@@ -12,8 +12,8 @@ configured and measured value; beside it, the actions the running broker really 
 journal's ``policy_action`` events), so the two can be compared.
 
 Cluster note: each Spark task loads the candidate's plugins again, so the workers import
-``broker`` and ``plugins`` and any plugin module the candidate names: install them on the workers
-or ship them with ``spark-submit --py-files`` (``SparkContext.addPyFile`` from Python).
+``plugbroker`` (with ``plugbroker.plugins``) and any plugin module the candidate names: install
+them on the workers or ship them with ``spark-submit --py-files`` (``SparkContext.addPyFile`` from Python).
 """
 
 from __future__ import annotations

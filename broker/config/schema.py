@@ -85,10 +85,10 @@ DATA_PACKAGE = "plugbroker.config_data"
 def config_file(name: str) -> Traversable:
     """A file of ``config/`` (the schema, the default configuration), wherever the code runs.
 
-    The one lookup, through :mod:`importlib.resources`: first ``config/`` beside the ``broker``
-    package (a checkout, an editable install, or a zip of a checkout given to ``spark-submit
-    --py-files``), then the installed package data (a wheel installs ``config/`` as
-    :data:`DATA_PACKAGE`). When neither has it, the first place is returned, so an error names it.
+    The one lookup, through :mod:`importlib.resources`: first ``config/`` beside the package's
+    folder (a checkout: beside broker/), then the package data :data:`DATA_PACKAGE` (a wheel,
+    installed or given to ``spark-submit --py-files`` as a zip; a strict editable install).
+    When neither has it, the first place is returned, so an error names it.
     """
     from importlib import resources
 
@@ -102,12 +102,13 @@ def config_file(name: str) -> Traversable:
     except ModuleNotFoundError:
         installed = None
     if installed is not None and installed.is_file():
-        return installed
+        # a strict editable install links the files: name the real one (the checkout's config/)
+        return installed.resolve() if isinstance(installed, Path) else installed
     return beside if beside is not None else here.joinpath("..", "config", name)
 
 
 def config_dir() -> Path:
-    """``config/`` in the source tree, next to the ``broker`` package (a directory on disk)."""
+    """``config/`` in the source tree, next to broker/, the ``plugbroker`` package (on disk)."""
     return Path(str(config_file("plugbroker.xsd"))).parent
 
 

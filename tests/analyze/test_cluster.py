@@ -179,18 +179,18 @@ def test_backtest_and_report_on_a_standalone_cluster(cluster, journal, candidate
     assert (report / "report.html").stat().st_size > 10_000
 
 
-@pytest.mark.skipif(shutil.which("zip") is None, reason="needs the zip command (docs/analyze.md)")
 def test_the_spark_submit_recipe_from_the_docs(journal, candidate, tmp_path):
-    """``zip -qr plugbroker.zip broker plugins config`` and ``spark-submit --py-files
-    plugbroker.zip broker/cli.py analyze backtest ...``: the code, the schema and the defaults
-    come from the zip (no PYTHONPATH; the script is a copy of broker/cli.py on its own)."""
-    archive = tmp_path / "plugbroker.zip"
+    """``python3 -m pip wheel --no-deps -w dist .`` and ``spark-submit --py-files
+    dist/plugbroker-*.whl cli.py analyze backtest ...``: the code, the schema and the defaults
+    come from the wheel, read as a zip (the script is a copy of broker/cli.py on its own)."""
+    dist = tmp_path / "dist"
     subprocess.run(
-        ["zip", "-qr", str(archive), "broker", "plugins", "config"],
-        cwd=ROOT,
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(ROOT)],
         check=True,
-        timeout=60,
+        timeout=240,
+        capture_output=True,
     )
+    (archive,) = dist.glob("plugbroker-*.whl")
     (tmp_path / "broker").mkdir()
     shutil.copy(ROOT / "broker" / "cli.py", tmp_path / "broker" / "cli.py")
     out = tmp_path / "bt"
