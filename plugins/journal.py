@@ -645,6 +645,22 @@ class Recorder:
         self._max = journal.max_buffer
         self._now = journal.clock
 
+    def _put_message(self, kind: int, vhost: str, queue: str, message: Any, *rest: Any) -> None:
+        """Journal one message event: kind, time, where, the message's id, size and delivery
+        count, then the event's own fields (``rest``)."""
+        self._put(
+            (
+                kind,
+                self._now(),
+                vhost,
+                queue,
+                message.id,
+                message.body_size,
+                message.delivery_count,
+                *rest,
+            )
+        )
+
     def _put(self, item: tuple[Any, ...]) -> None:
         if len(self._buf) < self._max:
             self._buf.append(item)
@@ -814,81 +830,25 @@ class Recorder:
     def broker_message_dead_lettered(
         self, vhost: str, queue: str, message: Any, reason: str, exchange: str, routing_key: str
     ) -> None:
-        self._put(
-            (
-                DEAD_LETTERED,
-                self._now(),
-                vhost,
-                queue,
-                message.id,
-                message.body_size,
-                message.delivery_count,
-                reason,
-                exchange,
-                routing_key,
-            )
-        )
+        self._put_message(DEAD_LETTERED, vhost, queue, message, reason, exchange, routing_key)
 
     @hookimpl(trylast=True)
     def broker_message_enqueued(self, vhost: str, queue: str, message: Any, reason: str) -> None:
-        self._put(
-            (
-                ENQUEUED,
-                self._now(),
-                vhost,
-                queue,
-                message.id,
-                message.body_size,
-                message.delivery_count,
-                reason,
-                message.exchange,
-                message.routing_key,
-            )
+        self._put_message(
+            ENQUEUED, vhost, queue, message, reason, message.exchange, message.routing_key
         )
 
     @hookimpl(trylast=True)
     def broker_message_removed(self, vhost: str, queue: str, message: Any, reason: str) -> None:
-        self._put(
-            (
-                REMOVED,
-                self._now(),
-                vhost,
-                queue,
-                message.id,
-                message.body_size,
-                message.delivery_count,
-                reason,
-            )
-        )
+        self._put_message(REMOVED, vhost, queue, message, reason)
 
     @hookimpl(trylast=True)
     def broker_message_expired(self, vhost: str, queue: str, message: Any) -> None:
-        self._put(
-            (
-                EXPIRED,
-                self._now(),
-                vhost,
-                queue,
-                message.id,
-                message.body_size,
-                message.delivery_count,
-            )
-        )
+        self._put_message(EXPIRED, vhost, queue, message)
 
     @hookimpl(trylast=True)
     def broker_message_dropped(self, vhost: str, queue: str, message: Any, reason: str) -> None:
-        self._put(
-            (
-                DROPPED,
-                self._now(),
-                vhost,
-                queue,
-                message.id,
-                message.body_size,
-                message.delivery_count,
-                reason,
-            )
-        )
+        self._put_message(DROPPED, vhost, queue, message, reason)
 
     # -- consumers, queues, connections, policies ---------------------------------------------
 
