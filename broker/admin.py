@@ -826,6 +826,33 @@ def prometheus_text(api: BrokerAPI) -> str:
         "Queue dispatches that raised and were contained, by queue.",
         [(ql(vhost, queue), n) for (vhost, queue), n in sorted(f.dispatch_failures.items())],
     )
+    gcs = api.collector()
+    gens = range(len(gcs.collections))
+    family(
+        "plugbroker_gc_collections_total",
+        "counter",
+        "CPython cycle collections by generation (2 is a full collection).",
+        [(f'generation="{g}"', gcs.collections[g]) for g in gens],
+    )
+    if gcs.timed:  # by plugbroker run's collector watch (plugbroker.heap)
+        family(
+            "plugbroker_gc_pause_seconds_total",
+            "counter",
+            "Time the event loop stood still in cycle collections, by generation.",
+            [(f'generation="{g}"', gcs.pause_total[g]) for g in gens],
+        )
+        family(
+            "plugbroker_gc_pause_seconds_max",
+            "gauge",
+            "The longest cycle collection since the start, by generation.",
+            [(f'generation="{g}"', gcs.pause_max[g]) for g in gens],
+        )
+    family(
+        "plugbroker_gc_frozen_objects",
+        "gauge",
+        "Objects frozen out of the cycle collector's reach (gc.freeze; see docs/operations.md).",
+        [("", gcs.frozen)],
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -501,7 +501,7 @@ def test_a_server_only_method_on_a_channel_is_503_not_valid_from_a_client() -> N
 
 def test_every_client_method_has_a_place_in_the_session() -> None:
     conn = World().conn
-    handled = set(conn._handlers) | set(CONNECTION_METHODS) | {ev.ChannelOpen, ev.Publish}
+    handled = set(conn._HANDLERS) | set(CONNECTION_METHODS) | {ev.ChannelOpen, ev.Publish}
     assert handled == set(ev.CLIENT_METHODS)
 
 

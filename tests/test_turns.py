@@ -6,12 +6,20 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from rawclient import PROTOCOL_HEADER, decode_method, parse_frames
+from rawclient import (
+    PROTOCOL_HEADER,
+    decode_method,
+    method_frame,
+    parse_frames,
+    plain_response,
+    publish_frames,
+)
 
 from plugbroker.app import Broker
 from plugbroker.clock import ManualClock
 from plugbroker.config import parse_config
 from plugbroker.server import AMQPProtocol
+from plugbroker.session import MAX_EVENTS_PER_TURN
 
 CONFIG = """<broker>
   <users><user name="guest" password="guest" vhosts="/"/></users>
@@ -103,3 +111,30 @@ def test_a_read_that_raises_still_ends_its_turn(
     # and later work is scheduled again as usual
     conn.send(0, "connection.unblocked")
     assert loop.soon == [b.end_of_turn]
+
+
+def test_the_turn_budget_is_carried_across_reads(wired: Wired) -> None:
+    """libuv (uvloop) reads a readable socket up to 32 times in one loop iteration: a flood
+    arriving in many small reads must still yield the loop once its budget is used."""
+    _b, loop, proto, transport = wired
+    paused: list[bool] = []
+    transport.pause_reading = lambda: paused.append(True)  # type: ignore[method-assign]
+    proto.data_received(PROTOCOL_HEADER)
+    start_ok = method_frame(0, "connection.start_ok", {}, "PLAIN", plain_response(), "en_US")
+    proto.data_received(start_ok)
+    proto.data_received(method_frame(0, "connection.tune_ok", 0, 131072, 0))
+    proto.data_received(method_frame(0, "connection.open", "/", "", False))
+    proto.data_received(method_frame(1, "channel.open", ""))
+    conn = proto.conn
+    assert conn is not None and conn.state.name == "OPEN"
+    one = publish_frames(1, "", "nowhere", b"x")  # one publish per read
+    reads = 0
+    while not paused and reads < MAX_EVENTS_PER_TURN:
+        proto.data_received(one)
+        reads += 1
+    assert paused, "a publish per read never used up the turn's budget"
+    assert conn.process in loop.soon  # it carries on at the next turn
+    assert conn.turn_used == 0
+    loop.soon.remove(conn.process)
+    conn.process()  # the next turn: nothing buffered, reading resumes, the budget is fresh
+    assert not conn.reading_paused

@@ -27,6 +27,7 @@ from plugbroker.codec import properties as props_codec
 from plugbroker.codec.ids import QUEUE_DECLARE
 from plugbroker.domain import fate
 from plugbroker.errors import PRECONDITION_FAILED, ChannelError, name_problem
+from plugbroker.heap import CollectorStats, collector_stats
 
 if TYPE_CHECKING:
     from plugbroker.app import Broker
@@ -381,6 +382,11 @@ class BrokerAPI:
             hook_failures=MappingProxyType(dict(hooks) if isinstance(hooks, dict) else {}),
             dispatch_failures=MappingProxyType(dict(self._b.dispatch_failures)),
         )
+
+    def collector(self) -> CollectorStats:
+        """What CPython's cycle collector cost this process: collections, pauses (total and
+        longest) per generation, and the objects frozen out of its reach (plugbroker.heap)."""
+        return collector_stats()
 
     def resources(self) -> ResourceInfo:
         """The figures of the last memory and disk checks, and the process' RSS now."""

@@ -16,6 +16,16 @@ from typing import Any
 
 log = logging.getLogger("broker.timers")
 
+#: cancelled entries are dropped from the heap all at once when there are more of them than
+#: this and they outnumber the live ones (a heap of cancelled entries costs memory, not time)
+COMPACT_AT = 256
+
+
+def _cancelled_fn(
+    *args: Any,
+) -> None:  # pragma: no cover - never called: cancelled handles are skipped
+    pass
+
 
 class TimerHandle:
     __slots__ = ("args", "cancelled", "due", "fn")
@@ -35,6 +45,8 @@ class Timers:
         #: set by the adapter: called with the new earliest due time when it moves earlier
         self.on_earliest_changed: Callable[[float], None] | None = None
         self.live = 0
+        #: cancelled entries still in the heap (see :data:`COMPACT_AT`)
+        self._dead = 0
 
     def __len__(self) -> int:
         return self.live
@@ -53,14 +65,25 @@ class Timers:
         return self.call_at(self.clock.monotonic() + delay, fn, *args)
 
     def cancel(self, handle: TimerHandle) -> None:
+        """Cancel ``handle``. What it would have called is let go at once: a cancelled
+        connection timer must not keep a closed connection alive until its due time."""
         if not handle.cancelled:
             handle.cancelled = True
+            handle.fn = _cancelled_fn
+            handle.args = ()
             self.live -= 1
+            self._dead += 1
+            if self._dead > COMPACT_AT and self._dead > self.live:
+                heap = self._heap  # in place: run_due may be iterating over it
+                heap[:] = [e for e in heap if not e[2].cancelled]
+                heapq.heapify(heap)
+                self._dead = 0
 
     def earliest(self) -> float | None:
         heap = self._heap
         while heap and heap[0][2].cancelled:
             heapq.heappop(heap)
+            self._dead -= 1
         return heap[0][0] if heap else None
 
     def run_due(self, now: float | None = None, limit: int = 100_000) -> int:
@@ -77,6 +100,7 @@ class Timers:
             due, _, handle = heap[0]
             if handle.cancelled:
                 heapq.heappop(heap)
+                self._dead -= 1
                 continue
             if due > now:
                 break

@@ -981,6 +981,7 @@ class SQLiteStore:
                 ops.extend(handed.popleft())
             if ops:
                 self._write(ops)
+            del ops  # not held while waiting: its callbacks hold publishers' connections
             if self._stopping and not handed:
                 return
 

@@ -205,3 +205,40 @@ def test_log_format_json_writes_one_object_per_line(tmp_path):
         closed and closed[0]["level"] == "WARNING" and closed[0]["logger"] == "plugbroker.session"
     )
     assert any(r["message"].startswith("event loop:") for r in lines)
+
+
+def test_run_freezes_the_start_and_times_the_cycle_collector_in_metrics(tmp_path):
+    import base64
+    import re
+    import urllib.request
+
+    config = default_config(tmp_path)
+    admin_port = re.search(r'<admin [^>]*port="(\d+)"', config.read_text())
+    assert admin_port is not None
+    port = free_port()
+    proc = start(config, port, tmp_path)
+    try:
+        conn = amqp.Connection(host=f"127.0.0.1:{port}", userid="guest", password="guest")
+        conn.connect()
+        ch = conn.channel()
+        ch.queue_declare("gc-work")
+        for i in range(2000):  # enough allocations for the collector to run
+            ch.basic_publish(amqp.Message(b"x" * 64, application_headers={"i": i}), "", "gc-work")
+        ch.queue_purge("gc-work")
+        conn.close()
+        req = urllib.request.Request(f"http://127.0.0.1:{admin_port.group(1)}/metrics")
+        req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            text = resp.read().decode()
+        frozen = re.search(r"^plugbroker_gc_frozen_objects (\d+)$", text, re.M)
+        assert frozen is not None and int(frozen.group(1)) > 1000  # the start, frozen
+        assert re.search(r'^plugbroker_gc_collections_total\{generation="0"\} [1-9]', text, re.M)
+        assert 'plugbroker_gc_pause_seconds_max{generation="2"}' in text  # watched: timed
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
