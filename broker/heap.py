@@ -19,10 +19,8 @@ What ``plugbroker run`` does about it:
   client opening and dropping connections in a loop leaves nothing for the collector.
 - every collection is counted and timed (:class:`CollectorWatch`) for ``/metrics``.
 
-Freezing what survives every full collection, not only the start, was tried: it kept full
-collections short, but under uvloop a bystander's round trips during a publish flood went from
-0.3 ms to 140 ms (median) for reasons not found, and it would keep cyclic garbage among frozen
-objects alive until an unfreeze; not done.
+Freezing what survives every full collection, not only the start, was tried and dropped: it
+would keep cyclic garbage among frozen objects alive until an unfreeze.
 """
 
 from __future__ import annotations
