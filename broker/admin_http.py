@@ -31,6 +31,7 @@ import binascii
 import ipaddress
 import json
 import logging
+import secrets
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -180,6 +181,26 @@ def _json(status: int, body: Any, *, close: bool = False, challenge: bool = True
     return resp
 
 
+def _internal_error(request: web.BaseRequest, exc: BaseException | None) -> web.Response:
+    """A 500 that tells the client nothing of the failure (no exception text, no path, no
+    name): the broker's log has it, under a reference id the answer carries so an operator can
+    find it."""
+    ref = secrets.token_hex(6)
+    log.error(
+        "admin: request %s %s from %s failed (reference %s)",
+        request.method,
+        request.raw_path,
+        request.remote,
+        ref,
+        exc_info=exc,
+    )
+    return _json(
+        500,
+        {"error": f"internal error; the broker's log has it under reference {ref}", "ref": ref},
+        close=True,
+    )
+
+
 class _Handler(RequestHandler):
     """aiohttp's per-connection protocol, with errors it raises itself answered as JSON."""
 
@@ -191,15 +212,14 @@ class _Handler(RequestHandler):
         message: str | None = None,
     ) -> web.StreamResponse:
         if status >= 500:
-            log.error("admin: error serving %s", request.remote, exc_info=exc)
-            text = "internal error (see the broker's log)"
+            answer = _internal_error(request, exc)
         else:
             reason = str(getattr(exc, "message", None) or exc or message or "bad request")
             log.warning("admin: bad request from %s: %d %s", request.remote, status, reason)
-            text = f"bad request: {reason}"
+            answer = _json(status, {"error": f"bad request: {reason}"}, close=True)
         if request.writer.output_size > 0:
             raise ConnectionError("response already started; cannot send the error")
-        return _json(status, {"error": text}, close=True)
+        return answer
 
 
 class _AccessLog(AbstractAccessLogger):
@@ -491,8 +511,7 @@ class AdminServer:
                 )
             return _json(exc.status, body, challenge=challenge)
         except Exception as exc:
-            log.exception("admin request %s %s failed", request.method, request.raw_path)
-            return _json(500, {"error": f"{type(exc).__name__}: {exc}"})
+            return _internal_error(request, exc)
 
     async def _read_body(self, request: web.BaseRequest) -> None:
         if not request.can_read_body:

@@ -235,3 +235,32 @@ def test_https_admin(broker_factory, tmp_path: Path, capsys, caplog) -> None:
     )
     assert isinstance(json.loads(capsys.readouterr().out), list)
     assert cli(["admin", "queues", "--url", url]) == 1  # our CA is not the system's
+
+
+# ------------------------------------------------------------------ internal errors
+
+
+def test_a_500_tells_the_client_a_reference_and_the_log_the_cause(
+    broker_factory, monkeypatch, caplog
+) -> None:
+    b = broker_factory(admin=True, users=ADMIN_GUEST)
+    srv = b.running.admin
+
+    def broken(vhosts=None):
+        raise RuntimeError("secret detail: /var/lib/plugbroker/store.db is locked")
+
+    monkeypatch.setattr(srv.admin, "overview", broken)
+    caplog.set_level(logging.ERROR, logger="plugbroker.admin")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get(srv.port, "/api/overview")
+    assert err.value.code == 500
+    assert err.value.headers["Content-Type"].startswith("application/json")
+    body = json.loads(err.value.read())
+    assert "secret" not in json.dumps(body) and "RuntimeError" not in json.dumps(body)
+    ref = body["ref"]
+    assert len(ref) == 12 and ref in body["error"]
+    logged = [r for r in caplog.records if ref in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None
+    assert "store.db is locked" in str(logged[0].exc_info[1])
+    # the server goes on serving
+    assert get(srv.port, "/api/whoami")["name"] == "guest"
