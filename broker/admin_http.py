@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import ipaddress
 import json
 import logging
@@ -92,13 +93,46 @@ UI_FILES: dict[str, str] = {
     "app.js": "text/javascript",
     "style.css": "text/css",
 }
-#: what the browser may load for the UI: its own files only, nothing inline, no frames
+#: what the browser may load for the UI: its own files only, nothing inline, no frames; it
+#: may keep a copy but asks each time whether it is still current (``no-cache``: a 304 against
+#: the ETag), so a new version of the broker is picked up at the next load
 UI_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-cache",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class UiFile:
+    """One of the UI's files as served: its bytes, its content type, its strong ETag."""
+
+    data: bytes
+    ctype: str
+    etag: str
+
+
+def load_ui_files() -> dict[str, UiFile]:
+    """The UI's files (:data:`UI_FILES`) read from the package data once: the server never
+    reads them from disk again (a request is a dict lookup)."""
+    out = {}
+    for name, ctype in UI_FILES.items():
+        data = (resources.files("plugbroker") / "admin_ui" / name).read_bytes()
+        out[name] = UiFile(data, ctype, '"' + hashlib.sha256(data).hexdigest()[:32] + '"')
+    return out
+
+
+def _etag_matches(header: str | None, etag: str) -> bool:
+    """Whether an ``If-None-Match`` header names ``etag`` (RFC 9110: ``*``, a list, weak
+    comparison so ``W/"x"`` matches ``"x"``)."""
+    if not header:
+        return False
+    for tag in header.split(","):
+        tag = tag.strip()
+        if tag == "*" or tag.removeprefix("W/") == etag:
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +375,8 @@ class AdminServer:
         self._listener: asyncio.base_events.Server | None = None
         self._busy_logged = False
         self._handshakes: set[asyncio.Future[None]] = set()
+        #: the UI's files, read once from the package
+        self._ui_files = load_ui_files() if ui else {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -384,13 +420,16 @@ class AdminServer:
         delay = next_sample_delay(time.perf_counter() - started, self.sample_every)
         self._sampler = asyncio.get_running_loop().call_later(delay, self._sample)
 
-    def _static(self, path: str) -> web.Response:
+    def _static(self, request: web.BaseRequest) -> web.Response:
+        path = request.path
         name = "index.html" if path == "/" else path[len("/ui/") :]
-        ctype = UI_FILES.get(name)
-        if ctype is None:
+        ui = self._ui_files.get(name)
+        if ui is None:
             return _json(404, {"error": f"no such file: {path}"})
-        data = (resources.files("plugbroker") / "admin_ui" / name).read_bytes()
-        return web.Response(body=data, content_type=ctype, charset="utf-8", headers=UI_HEADERS)
+        headers = {**UI_HEADERS, "ETag": ui.etag}
+        if _etag_matches(request.headers.get("If-None-Match"), ui.etag):
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=ui.data, content_type=ui.ctype, charset="utf-8", headers=headers)
 
     def _track(self, fut: asyncio.Future[None]) -> None:
         self._handshakes.add(fut)
@@ -454,7 +493,7 @@ class AdminServer:
             and self.ui
             and (request.path == "/" or request.path.startswith("/ui/"))
         ):
-            return self._static(request.path)
+            return self._static(request)
         if _rebound(request):
             log.warning(
                 "admin: %s %s from %s refused: Host %r is not localhost or an address",

@@ -306,6 +306,38 @@ def test_the_ui_page_needs_no_login_and_the_api_no_dialog_for_it(b) -> None:
     assert err.value.code == 401 and "WWW-Authenticate" not in err.value.headers
 
 
+def test_the_ui_files_are_read_once_and_revalidated_with_their_etag(b, monkeypatch) -> None:
+    import plugbroker.admin_http as admin_http
+
+    port = b.running.admin.port
+
+    def no_disk(*_a, **_kw):
+        raise AssertionError("a UI file was read from disk for a request")
+
+    # the server has its copy: a request does not go back to the package's files
+    monkeypatch.setattr(admin_http.resources, "files", no_disk)
+    tags = {}
+    for path in ("/", "/ui/app.js", "/ui/style.css"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            body = resp.read()
+            tags[path] = resp.headers["ETag"]
+            assert resp.headers["Cache-Control"] == "no-cache" and body
+            assert tags[path].startswith('"') and tags[path].endswith('"')
+    assert len(set(tags.values())) == 3
+    for path, tag in tags.items():
+        for sent in (tag, f"W/{tag}", f'"other", {tag}', "*"):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+            req.add_header("If-None-Match", sent)
+            with pytest.raises(urllib.error.HTTPError) as err:  # urllib raises on a 304
+                urllib.request.urlopen(req, timeout=5)
+            assert err.value.code == 304 and err.value.read() == b""
+            assert err.value.headers["ETag"] == tag
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+        req.add_header("If-None-Match", '"stale"')
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.status == 200 and resp.read()
+
+
 # ------------------------------------------------------------------------- the CLI's errors
 
 
