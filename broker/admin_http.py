@@ -35,7 +35,7 @@ import logging
 import secrets
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, cast
@@ -322,18 +322,19 @@ def _same_origin(request: web.BaseRequest) -> bool:
     return urlsplit(origin).netloc == request.headers.get("Host", "")
 
 
-def _rebound(request: web.BaseRequest) -> bool:
-    """A request from this host naming the server by a name other than ``localhost`` or an
-    address: what a page elsewhere makes after pointing its own name at 127.0.0.1 (DNS
-    rebinding). Its ``Origin`` then matches its ``Host``, and loopback-only users such as the
-    default guest would log in from the victim's browser, so it is refused."""
+def _rebound(request: web.BaseRequest, allowed: frozenset[str] = frozenset()) -> bool:
+    """A request from this host naming the server by a name other than ``localhost``, an
+    address or one of ``allowed`` (``<admin allowedHosts>``, lower case): what a page elsewhere
+    makes after pointing its own name at 127.0.0.1 (DNS rebinding). Its ``Origin`` then matches
+    its ``Host``, and loopback-only users such as the default guest would log in from the
+    victim's browser, so it is refused."""
     try:
         if not ipaddress.ip_address((request.remote or "").partition("%")[0]).is_loopback:
             return False
     except ValueError:
         return False
     host = urlsplit("//" + request.headers.get("Host", "")).hostname or ""
-    if host == "localhost" or host.endswith(".localhost"):
+    if host == "localhost" or host.endswith(".localhost") or host.rstrip(".") in allowed:
         return False
     try:
         ipaddress.ip_address(host)
@@ -359,8 +360,12 @@ class AdminServer:
         limits: HttpLimits | None = None,
         ui: bool = True,
         sample_every: float = 5.0,
+        allowed_hosts: Iterable[str] = (),
     ) -> None:
         self.admin = Admin(api, reloader)
+        #: host names a request from this machine may name besides localhost and addresses
+        #: (``<admin allowedHosts>``; a reload replaces them)
+        self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
         self.ui = ui
         self.sample_every = sample_every
         self._sampler: asyncio.TimerHandle | None = None
@@ -494,9 +499,10 @@ class AdminServer:
             and (request.path == "/" or request.path.startswith("/ui/"))
         ):
             return self._static(request)
-        if _rebound(request):
+        if _rebound(request, self.allowed_hosts):
             log.warning(
-                "admin: %s %s from %s refused: Host %r is not localhost or an address",
+                "admin: %s %s from %s refused: Host %r is not localhost, an address or one of "
+                "<admin allowedHosts>",
                 request.method,
                 request.raw_path,
                 request.remote,

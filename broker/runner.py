@@ -185,6 +185,8 @@ class Running:
         self.config = cfg
         warn_plain_passwords(cfg)
         self.broker.reload(cfg)
+        if self.admin is not None:
+            self.admin.allowed_hosts = frozenset(cfg.admin_allowed_hosts)
         log.info("configuration reloaded from %s", cfg.source)
 
 
@@ -295,7 +297,14 @@ async def start_admin(
     if tls is not None:
         host, port = tls.host or host, tls.port
     try:
-        return await AdminServer(b.api, running, host, port, ssl_context=ctx).start()
+        return await AdminServer(
+            b.api,
+            running,
+            host,
+            port,
+            ssl_context=ctx,
+            allowed_hosts=config.admin_allowed_hosts,
+        ).start()
     except OSError as exc:
         await running.stop()  # the AMQP listeners are up: close them before giving up
         raise OSError(

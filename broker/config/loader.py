@@ -25,6 +25,7 @@ its ``<policy name>`` is still checked against the registered policies by the pl
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -75,6 +76,12 @@ from plugbroker.routing import STANDARD_EXCHANGES
 __all__ = ["builtin_registry", "load_config", "load_default", "parse_config"]
 
 log = logging.getLogger("plugbroker.config")
+
+#: a host name: labels of letters, digits, '_' and '-' (not first or last), 1-63 each (the
+#: underscore is not DNS's, but container names such as ``plug_admin`` have it)
+_HOST_NAME = re.compile(
+    r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*"
+)
 
 
 class _Loader:
@@ -217,8 +224,47 @@ class _Loader:
             raise self.err(el, "attribute host: must not be empty")
         port = int(el.get("port", "15672"))
         values["admin"] = (host, port)
+        values["admin_allowed_hosts"] = self._host_names(el, "allowedHosts")
         for child in children(el):  # the schema allows one <tls> and nothing else
             values["admin_tls"] = self._tls_config(child, default_port=port)
+
+    def _host_names(self, el: Any, attr: str) -> tuple[str, ...]:
+        """A list of DNS host names (separated by spaces or commas), lower case, each once."""
+        names: dict[str, None] = {}
+        for raw in re.split(r"[\s,]+", el.get(attr) or ""):
+            if not raw:
+                continue
+            name = raw.lower().rstrip(".")
+            if "://" in name or "/" in name:
+                raise self.err(
+                    el,
+                    f"attribute {attr}: {raw!r} is a URL; give the host name alone "
+                    "(e.g. admin.example.com)",
+                )
+            try:
+                ipaddress.ip_address(name.strip("[]"))
+            except ValueError:
+                pass
+            else:
+                raise self.err(
+                    el,
+                    f"attribute {attr}: {raw!r} is an address; addresses (and localhost) are "
+                    "always allowed, list host names only",
+                )
+            if ":" in name:
+                raise self.err(
+                    el,
+                    f"attribute {attr}: {raw!r} has a port; give the host name alone (any "
+                    "port is allowed)",
+                )
+            if len(name) > 253 or not _HOST_NAME.fullmatch(name):
+                raise self.err(
+                    el,
+                    f"attribute {attr}: {raw!r} is not a host name (labels of letters, digits, "
+                    "'_' and '-' separated by '.', at most 253 characters)",
+                )
+            names[name] = None
+        return tuple(names)
 
     def _tls(self, el: Any, values: dict[str, Any]) -> None:
         values["tls"] = self._tls_config(el, default_port=5671)

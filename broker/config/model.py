@@ -582,6 +582,9 @@ class BrokerConfig:
     admin: tuple[str, int] | None = None
     #: ``<tls>`` under ``<admin>``: the admin interface speaks HTTPS (only) on its ``port``
     admin_tls: TlsConfig | None = None
+    #: ``<admin allowedHosts>``: host names (lower case) a request from this host may name in
+    #: its ``Host`` header besides ``localhost`` and addresses (a reverse proxy's name)
+    admin_allowed_hosts: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     vhosts: Mapping[str, VhostConfig] = field(default_factory=_default_vhosts)
     #: broker-level plugin elements, by element name -> what the plugin's parser returned
@@ -608,6 +611,8 @@ class BrokerConfig:
             out.append(f"admin {self.admin_tls.describe('https', self.admin[0])}")
         else:
             out.append("admin http://{}:{}".format(*self.admin))
+        if self.admin is not None and self.admin_allowed_hosts:
+            out.append(f"admin allowed hosts {' '.join(self.admin_allowed_hosts)}")
         out.append(
             f"housekeeping {self.housekeeping_threads} threads, every "
             f"{format_duration(self.housekeeping_period)}"

@@ -599,3 +599,37 @@ def test_a_login_delay_cap_below_the_delay_is_refused_where_it_is_written() -> N
 def test_a_negative_connection_limit_is_refused() -> None:
     err = fails("<broker>\n<limits>\n<maxConnections>-1</maxConnections>\n</limits>\n</broker>")
     assert err.line == 3 and "maxConnections" in str(err)
+
+
+# ---------------------------------------------------------------------------------------------
+# <admin allowedHosts>
+# ---------------------------------------------------------------------------------------------
+
+
+def test_admin_allowed_hosts_are_a_list_of_names_in_lower_case() -> None:
+    cfg = parse_config(
+        '<broker>\n<admin port="0" allowedHosts="Proxy.Example.com,  ops.internal  '
+        'proxy.example.com plug_admin."/>\n</broker>',
+        "hosts.xml",
+    )
+    assert cfg.admin_allowed_hosts == ("proxy.example.com", "ops.internal", "plug_admin")
+    assert "admin allowed hosts proxy.example.com ops.internal plug_admin" in cfg.describe()
+    assert parse_config('<broker><admin port="0"/></broker>', "x.xml").admin_allowed_hosts == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("https://proxy.example.com", "is a URL; give the host name alone"),
+        ("proxy.example.com/admin", "is a URL"),
+        ("proxy.example.com:443", "has a port"),
+        ("10.0.0.5", "is an address; addresses (and localhost) are always allowed"),
+        ("[::1]", "is an address"),
+        ("-bad-.example", "is not a host name"),
+        ("a..b", "is not a host name"),
+        ("x" * 64 + ".example", "is not a host name"),
+    ],
+)
+def test_a_bad_allowed_host_names_file_line_and_field(value: str, says: str) -> None:
+    err = fails(f'<broker>\n\n<admin port="0" allowedHosts="ok.example {value}"/>\n</broker>')
+    assert_located(err, 3, "admin", "attribute allowedHosts:", repr(value), says)

@@ -287,6 +287,44 @@ def test_a_rebound_host_name_is_refused_from_loopback(b) -> None:
         assert status == 200, host
 
 
+ADMIN_EL = '<admin host="127.0.0.1" port="0"/>'
+
+
+def test_allowed_hosts_let_a_reverse_proxy_name_through(broker_factory, tmp_path) -> None:
+    """``<admin allowedHosts>``: a proxy on this machine forwarding ``Host: admin.example``
+    is served; other names are still refused; a reload replaces the list."""
+    from brokerutil import write_config
+
+    path = write_config(tmp_path, admin=True, users=ADMIN_GUEST, name="proxy.xml")
+    text = path.read_text()
+    assert ADMIN_EL in text
+    path.write_text(
+        text.replace(ADMIN_EL, ADMIN_EL[:-2] + ' allowedHosts="Admin.Example, ops.internal"/>')
+    )
+    b = broker_factory(config_path=path)
+    port = b.running.admin.port
+    bystander = Bystander(b)
+    for host in ("admin.example", "ADMIN.example:443", "ops.internal.", f"ops.internal:{port}"):
+        status, body = request(port, "GET", "/api/overview", {"Host": host})
+        assert status == 200 and body["product"] == "plugbroker", host
+    status, _ = request(
+        port,
+        "POST",
+        "/api/queues/%2F/bystander/purge",
+        {"Host": "admin.example", "Origin": "https://admin.example"},
+    )
+    assert status == 200
+    for host in ("evil.example", "admin.example.evil.example", "xadmin.example"):
+        status, body = request(port, "GET", "/api/overview", {"Host": host})
+        assert status == 403 and body == {"error": "request for another host name refused"}
+    path.write_text(text.replace(ADMIN_EL, ADMIN_EL[:-2] + ' allowedHosts="new.example"/>'))
+    status, _ = request(port, "POST", "/api/reload")
+    assert status == 200
+    assert request(port, "GET", "/api/overview", {"Host": "new.example"})[0] == 200
+    assert request(port, "GET", "/api/overview", {"Host": "admin.example"})[0] == 403
+    bystander.check()
+
+
 def test_the_ui_page_needs_no_login_and_the_api_no_dialog_for_it(b) -> None:
     port = b.running.admin.port
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
