@@ -32,6 +32,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import math
 import secrets
 import ssl
 import time
@@ -528,8 +529,10 @@ class AdminServer:
             return _json(
                 413, {"error": f"request body over {self.limits.max_body} bytes"}, close=True
             )
-        who = self._principal(request)
-        if who is None:
+        who = await self._login(request)
+        if not isinstance(who, Principal):
+            if who is not None:
+                return who  # 429: too many refusals to this address are waiting
             return _json(
                 401,
                 {
@@ -567,21 +570,72 @@ class AdminServer:
             if n > self.limits.max_body:
                 raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body, actual_size=n)
 
-    def _principal(self, request: web.BaseRequest) -> Principal | None:
+    async def _login(self, request: web.BaseRequest) -> Principal | web.Response | None:
         """The user a request authenticates as (HTTP Basic; the loopback-only rule applies to
-        the peer's address as for AMQP); None when it does not."""
+        the peer's address as for AMQP), or None: no credentials, or refused.
+
+        A refusal goes through the broker's login throttle, the one AMQP logins use, keyed by
+        the peer's address: it is answered (None, then a 401) only after the throttle's delay,
+        a timer on the broker's clock that the loop serves everything else during. While the
+        most refusals one address may have are waiting, a further attempt from it is answered
+        429 at once with ``Retry-After``, before its password is checked."""
         header = request.headers.get("Authorization", "")
         if not header.startswith("Basic "):
-            return None
+            return None  # no login tried: the 401 asks for one (the browser's first request)
+        api = self.api
+        peer = (request.remote or "").partition("%")[0]
+        if api.login_turned_away(peer):
+            return self._turned_away(request, peer)
+        refusal: str | None
         try:
             raw = base64.b64decode(header[6:], validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
-            return None
-        name, _, password = raw.partition(":")
-        if not self.api.authenticate(name, password, request.remote):
-            return None
-        user = self.api.user(name)
-        return Principal.of(user) if user is not None else None
+            name, refusal = "?", "the Authorization header is not base64 of user:password"
+        else:
+            name, _, password = raw.partition(":")
+            refusal = api.login_refusal(name, password, request.remote)
+        if refusal is None:
+            user = api.user(name)
+            return Principal.of(user) if user is not None else None
+        delay = api.login_failed(peer)
+        log.warning(
+            "admin: %s %s from %s: login refused: %s%s",
+            request.method,
+            request.path,
+            request.remote,
+            refusal,
+            f" (answered in {delay:.2f} s: failed logins from {peer} are throttled)"
+            if delay
+            else "",
+        )
+        if delay:
+            await api.login_refusal_delay(peer, delay)
+        return None
+
+    def _turned_away(self, request: web.BaseRequest, peer: str) -> web.Response:
+        n = self.api.limits().login_turned_away
+        if n == 1 or n % 1000 == 0:
+            log.warning(
+                "admin: %s %s from %s answered 429 at once: failed logins from %s are waiting "
+                "for their answer (%d attempts turned away so far)",
+                request.method,
+                request.path,
+                request.remote,
+                peer,
+                n,
+            )
+        retry = max(1, math.ceil(self.api.login_next_delay(peer)))
+        resp = _json(
+            429,
+            {
+                "error": "too_many_requests",
+                "reason": "too many failed logins from this address are waiting for their "
+                f"answer; try again in {retry} s",
+            },
+            close=True,
+        )
+        resp.headers["Retry-After"] = str(retry)
+        return resp
 
     async def _dispatch(
         self, who: Principal, method: str, parts: list[str], query: dict[str, list[str]]

@@ -85,6 +85,13 @@ class LoginThrottle:
         # 2 ** (n - 1) without overflow for a peer that keeps failing
         return min(self.base * (2.0 ** min(n - 1, 62)), self.cap)
 
+    def next_delay(self, peer: str) -> float:
+        """The delay the next failure from ``peer`` would get (nothing is recorded)."""
+        if self.base <= 0:
+            return 0.0
+        n = self.failures(peer) + 1
+        return min(self.base * (2.0 ** min(n - 1, 62)), self.cap)
+
     def hold(self, peer: str) -> None:
         """A refusal to ``peer`` is being delayed (its connection stays open meanwhile)."""
         self._pending[peer] = self._pending.get(peer, 0) + 1

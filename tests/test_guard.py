@@ -19,6 +19,15 @@ def test_each_failure_from_one_peer_doubles_its_delay_up_to_the_cap() -> None:
     assert t.failures("10.0.0.1") == 5
 
 
+def test_next_delay_says_what_the_next_failure_gets_without_counting_it() -> None:
+    t = LoginThrottle(ManualClock(), 0.5, 3.0)
+    assert t.next_delay("10.0.0.1") == 0.5
+    for expected in (0.5, 1.0, 2.0, 3.0, 3.0):
+        assert t.next_delay("10.0.0.1") == expected == t.failed("10.0.0.1")
+    assert t.failures_total == 5
+    assert LoginThrottle(ManualClock(), 0.0, 3.0).next_delay("10.0.0.1") == 0.0
+
+
 def test_another_peer_starts_at_the_base_delay() -> None:
     t = LoginThrottle(ManualClock(), 0.5, 3.0)
     for _ in range(4):

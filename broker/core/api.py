@@ -16,6 +16,7 @@ messages (isolate, release, redrive) call it, so their hooks fire as on any othe
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -410,6 +411,47 @@ class BrokerAPI:
         the socket gives it: a loopback-only user is refused from any other; None skips that
         rule). The password is compared in constant time."""
         return self._b.authenticate(user, password, peer_host)
+
+    def login_refusal(self, user: str, password: str, peer_host: str | None = None) -> str | None:
+        """Why ``user`` may not log in with ``password`` from ``peer_host`` (for the log only;
+        a client is told no more than "refused"), or None when it may."""
+        return self._b.login_refusal(user, password, peer_host)
+
+    # -- login throttling (shared by every door: AMQP, the admin API) -------------------------
+
+    def login_failed(self, peer_host: str) -> float:
+        """Count a failed login from ``peer_host`` with the broker's login throttle (the one
+        AMQP logins go through); returns the seconds its answer is to be delayed (0: at once)."""
+        return self._b.login_throttle.failed(peer_host)
+
+    def login_turned_away(self, peer_host: str) -> bool:
+        """``peer_host`` has the most refusals waiting that one address may have: a new login
+        attempt from it is turned away before its password is checked (counted)."""
+        return self._b.login_throttle.over(peer_host)
+
+    def login_next_delay(self, peer_host: str) -> float:
+        """The delay ``peer_host``'s next failed login would get (for a ``Retry-After``)."""
+        return self._b.login_throttle.next_delay(peer_host)
+
+    async def login_refusal_delay(self, peer_host: str, delay: float) -> None:
+        """Wait ``delay`` seconds on the broker's timers (its clock) while the refusal counts
+        as pending for ``peer_host`` (see :meth:`login_turned_away`); the loop serves everything
+        else meanwhile. Cancelling the waiting task (the client went away) ends it early."""
+        throttle = self._b.login_throttle
+        timers = self._b.timers
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        handle = timers.call_later(delay, done)
+        throttle.hold(peer_host)
+        try:
+            await fut
+        finally:
+            timers.cancel(handle)
+            throttle.release(peer_host)
 
     def user(self, name: str) -> UserInfo | None:
         """The configured user ``name`` (tags, permissions, loopback rule), or None."""

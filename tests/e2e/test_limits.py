@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import resource
 import socket
@@ -222,6 +223,130 @@ def test_a_peer_that_keeps_failing_does_not_slow_another_peer(broker_factory) ->
         with pytest.raises(BlockingIOError):
             raw.sock.recv(1)
         raw.close()
+    by.check()
+    by.close()
+
+
+# ------------------------------------------------------------------ admin HTTP logins
+
+
+def _http_from(source: str, port: int, user: str, password: str) -> socket.socket:
+    """An admin request with HTTP Basic ``user:password`` sent from ``source`` (a loopback
+    address); the socket, to read the answer from when it comes."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    cred = base64.b64encode(f"{user}:{password}".encode()).decode()
+    sock.sendall(
+        f"GET /api/whoami HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic {cred}\r\n"
+        "Connection: close\r\n\r\n".encode()
+    )
+    return sock
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """Status, headers and JSON body of the answer on ``sock`` (read until it closes)."""
+    data = b""
+    for _ in range(1000):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def test_failed_admin_logins_go_through_the_login_throttle(broker_factory, caplog) -> None:
+    b = broker_factory(
+        limits="<limits><loginFailureDelay>20ms</loginFailureDelay>"
+        "<loginFailureDelayMax>80ms</loginFailureDelayMax></limits>",
+        admin=True,
+        users=USERS,
+    )
+    caplog.set_level(logging.WARNING, logger="plugbroker.admin")
+    by = Bystander(b)
+    port = b.running.admin.port
+    for password in ("wrong", "worse", "still wrong", "no"):
+        status, _headers, body = _answer(_http_from("127.0.0.1", port, "guest", password))
+        assert status == 401 and body["error"] == "not_authorized"
+        by.check()
+    # a header that is not base64 at all is a failed login too
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(
+        b"GET /api/whoami HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic !!\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    assert _answer(sock)[0] == 401
+    # AMQP and HTTP share the throttle: the next AMQP failure from here counts as the 6th
+    with pytest.raises(amqp.exceptions.AccessRefused):
+        amqp.Connection(
+            f"127.0.0.1:{b.port}", userid="guest", password="wrong", connect_timeout=5
+        ).connect()
+    lim = overview(b)["limits"]  # the right password is served at once
+    assert lim["login_failures"] == 6 and lim["login_throttled"] == 6
+    assert lim["login_throttled_peers"] == 1
+    refused = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "plugbroker.admin" and "login refused" in r.getMessage()
+    ]
+    assert len(refused) == 5
+    assert refused[0].endswith(
+        "login refused: user 'guest' - invalid credentials (answered in 0.02 s: failed logins "
+        "from 127.0.0.1 are throttled)"
+    )
+    assert "answered in 0.08 s" in refused[3]
+    assert "not base64" in refused[4]
+    by.close()
+
+
+def test_an_admin_peer_that_keeps_failing_waits_and_others_are_served(broker_factory) -> None:
+    # long delays: the failing peer's answers are still pending when the test ends
+    b = broker_factory(
+        limits="<limits><loginFailureDelay>30s</loginFailureDelay>"
+        "<loginFailureDelayMax>60s</loginFailureDelayMax></limits>",
+        admin=True,
+        users=USERS,
+    )
+    by = Bystander(b)
+    port = b.running.admin.port
+    hostile = [_http_from("127.0.0.2", port, "guest", f"guess{i}") for i in range(32)]
+    # the refusals are counted (and so pending) once the server has read the requests
+    for _ in range(100):
+        if overview(b)["limits"]["login_failures"] == 32:
+            break
+        time.sleep(0.05)
+    assert overview(b)["limits"]["login_failures"] == 32
+    # 127.0.0.1 is served at once meanwhile, over HTTP and AMQP
+    for _ in range(3):
+        status, _h, body = _answer(_http_from("127.0.0.1", port, "guest", "guest"))
+        assert status == 200 and body["name"] == "guest"
+        by.check()
+    for sock in hostile:  # nothing answered yet: the refusals are still delayed
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            sock.recv(1)
+    # 32 refusals wait for 127.0.0.2: one more attempt is answered 429 at once, unchecked
+    for password in ("guess", "guest"):
+        status, headers, body = _answer(_http_from("127.0.0.2", port, "guest", password))
+        assert status == 429 and body["error"] == "too_many_requests"
+        assert int(headers["Retry-After"]) >= 30
+    assert overview(b)["limits"]["login_turned_away"] == 2
+    assert overview(b)["limits"]["login_failures"] == 32  # the 429s checked no password
+    by.check()
+    # the hostile peer goes away: its pending refusals end with it
+    for sock in hostile:
+        sock.close()
+    for _ in range(100):
+        status, _h, body = _answer(_http_from("127.0.0.2", port, "guest", "guest"))
+        if status != 429:
+            break
+        time.sleep(0.05)
+    assert status == 200 and body["name"] == "guest"
     by.check()
     by.close()
 
