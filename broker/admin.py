@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from plugbroker.core.api import BrokerAPI, ConsumerInfo, LimitsInfo, NotFound, QueueInfo
+from plugbroker.errors import ChannelError
 from plugbroker.hookimpl import hookimpl
 
 if TYPE_CHECKING:
@@ -297,6 +298,46 @@ class Admin:
         return self.on_loop(run)
 
     # -- commands (each writes one audit line: who did what to what) -------------------------
+
+    def declare_queue(
+        self,
+        vhost: str,
+        name: str,
+        *,
+        durable: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        by: str,
+    ) -> tuple[bool, dict[str, Any]]:
+        """Declare a queue as a client would, within ``<limits><maxQueuesPerVhost>``; returns
+        ``(created, queue view)``. A refusal (the limit, an argument a client would be refused
+        for, an existing queue declared otherwise) is a 400 with the AMQP reply text."""
+
+        def run() -> tuple[bool, dict[str, Any]]:
+            api = self.api
+            existed = api.has_queue(vhost, name)
+            try:
+                info = api.declare_queue(
+                    vhost,
+                    name,
+                    durable=durable,
+                    auto_delete=auto_delete,
+                    arguments=arguments,
+                    limited=True,
+                )
+            except ChannelError as exc:
+                raise AdminError(400, "bad_request", reason=exc.reply_text) from None
+            if not existed:
+                log.info(
+                    "admin: user '%s' declared queue '%s' in vhost '%s'%s",
+                    by,
+                    name,
+                    vhost,
+                    " (durable)" if durable else "",
+                )
+            return not existed, queue_json(info, api.clock.monotonic())
+
+        return self.on_loop(run)
 
     def purge_queue(self, vhost: str, name: str, *, by: str) -> dict[str, Any]:
         def run() -> dict[str, Any]:

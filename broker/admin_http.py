@@ -73,6 +73,7 @@ ENDPOINTS: dict[tuple[str, str], str] = {
     ("GET", "/api/connections"): "management",
     ("GET", "/api/dead-letters"): "management",
     ("GET", "/api/queues/{vhost}/{queue}/messages"): "vhost",
+    ("PUT", "/api/queues/{vhost}/{queue}"): "vhost",
     ("POST", "/api/queues/{vhost}/{queue}/redrive"): "vhost",
     ("POST", "/api/queues/{vhost}/{queue}/purge"): "vhost",
     ("POST", "/api/queues/{vhost}/{queue}/delete"): "vhost",
@@ -492,7 +493,7 @@ class AdminServer:
     # ------------------------------------------------------------------ requests
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        if request.method not in ("GET", "POST"):
+        if request.method not in ("GET", "POST", "PUT"):
             return _json(405, {"error": f"method {request.method} is not allowed"})
         if (
             request.method == "GET"
@@ -510,9 +511,10 @@ class AdminServer:
                 request.headers.get("Host"),
             )
             return _json(403, {"error": "request for another host name refused"})
-        if request.method == "POST" and not _same_origin(request):
+        if request.method != "GET" and not _same_origin(request):
             log.warning(
-                "admin: POST %s from %s refused: sent from the page of another site (%s)",
+                "admin: %s %s from %s refused: sent from the page of another site (%s)",
+                request.method,
                 request.raw_path,
                 request.remote,
                 request.headers.get("Origin"),
@@ -521,7 +523,7 @@ class AdminServer:
         # the web UI logs in with its own form: no browser login dialog over it
         challenge = "X-Plugbroker-UI" not in request.headers
         try:
-            await asyncio.wait_for(self._read_body(request), self.limits.body_timeout)
+            sent = await asyncio.wait_for(self._read_body(request), self.limits.body_timeout)
         except TimeoutError:
             log.warning("admin: request body from %s did not arrive in time", request.remote)
             return _json(408, {"error": "request body did not arrive in time"}, close=True)
@@ -545,7 +547,7 @@ class AdminServer:
         parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
         try:
             query = parse_qs(url.query, strict_parsing=False)
-            return await self._dispatch(who, request.method, parts, query)
+            return await self._dispatch(who, request.method, parts, query, sent)
         except AdminError as exc:
             body: dict[str, Any] = {"error": exc.message}
             if exc.reason is not None:
@@ -561,14 +563,17 @@ class AdminServer:
         except Exception as exc:
             return _internal_error(request, exc)
 
-    async def _read_body(self, request: web.BaseRequest) -> None:
+    async def _read_body(self, request: web.BaseRequest) -> bytes:
         if not request.can_read_body:
-            return
+            return b""
         n = 0
+        chunks = []
         async for chunk in request.content.iter_chunked(65536):
             n += len(chunk)
             if n > self.limits.max_body:
                 raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body, actual_size=n)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def _login(self, request: web.BaseRequest) -> Principal | web.Response | None:
         """The user a request authenticates as (HTTP Basic; the loopback-only rule applies to
@@ -638,9 +643,20 @@ class AdminServer:
         return resp
 
     async def _dispatch(
-        self, who: Principal, method: str, parts: list[str], query: dict[str, list[str]]
+        self,
+        who: Principal,
+        method: str,
+        parts: list[str],
+        query: dict[str, list[str]],
+        body: bytes = b"",
     ) -> web.Response:
         admin = self.admin
+        if method == "PUT" and len(parts) == 4 and parts[:2] == ["api", "queues"]:
+            vhost, queue = parts[2], parts[3]
+            who.require(ENDPOINTS["PUT", "/api/queues/{vhost}/{queue}"], vhost)
+            spec = _queue_spec(body)
+            created, view = admin.declare_queue(vhost, queue, by=who.name, **spec)
+            return _json(201 if created else 200, {"created": created, "queue": view})
         if method == "GET":
             if parts == ["metrics"]:
                 who.require(ENDPOINTS["GET", "/metrics"])
@@ -748,6 +764,36 @@ class AdminServer:
                     ),
                 )
         raise AdminError(404, f"no such endpoint: {method} /{'/'.join(parts)}")
+
+
+#: what the body of ``PUT /api/queues/{vhost}/{queue}`` may hold (RabbitMQ's names)
+QUEUE_SPEC_KEYS = ("durable", "auto_delete", "arguments")
+
+
+def _queue_spec(body: bytes) -> dict[str, Any]:
+    """The keyword arguments of a queue declare from a PUT body: a JSON object with
+    ``durable`` and ``auto_delete`` (true/false) and ``arguments`` (an object), each optional;
+    an empty body declares a transient queue without arguments. Anything else is a 400."""
+    if not body.strip():
+        return {}
+    try:
+        spec = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise AdminError(400, f"the body is not JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise AdminError(400, "the body must be a JSON object (durable, auto_delete, arguments)")
+    unknown = sorted(set(spec) - set(QUEUE_SPEC_KEYS))
+    if unknown:
+        raise AdminError(
+            400,
+            f"unknown field(s) {', '.join(unknown)}; a queue takes {', '.join(QUEUE_SPEC_KEYS)}",
+        )
+    for key in ("durable", "auto_delete"):
+        if key in spec and not isinstance(spec[key], bool):
+            raise AdminError(400, f"field {key}: {spec[key]!r} is not true or false")
+    if "arguments" in spec and not isinstance(spec["arguments"], dict):
+        raise AdminError(400, "field arguments: must be a JSON object")
+    return {k: spec[k] for k in QUEUE_SPEC_KEYS if k in spec}
 
 
 def _bool_param(query: dict[str, list[str]], name: str, default: bool) -> bool:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from plugbroker.alarms import STORE, Alarm, ResourceMonitor, blocked_reason
 from plugbroker.budget import Budgets
 from plugbroker.clock import Clock, SystemClock
+from plugbroker.codec.ids import QUEUE_DECLARE
 from plugbroker.config.users import Permission, is_loopback
 from plugbroker.core.access import revoke_lost_access
 from plugbroker.core.api import BrokerAPI
@@ -30,7 +31,7 @@ from plugbroker.domain.message import MessageIds
 from plugbroker.domain.queue import SHARED, Queue
 from plugbroker.domain.timers import Timers
 from plugbroker.domain.vhost import NoHooks, VirtualHost
-from plugbroker.errors import RESOURCE_ERROR
+from plugbroker.errors import PRECONDITION_FAILED, RESOURCE_ERROR, ChannelError
 from plugbroker.guard import Acceptor, LoginThrottle
 from plugbroker.policy import (
     Action,
@@ -294,6 +295,22 @@ class Broker:
     def refused(self, limit: str) -> None:
         """Count a refusal by ``limit`` (for the admin API and metrics)."""
         self.refusals[limit] = self.refusals.get(limit, 0) + 1
+
+    def check_queue_limit(self, vh: VirtualHost, name: str, *, new: bool) -> None:
+        """Refuse (406, counted) a declare that would make one more queue in ``vh`` past
+        ``<limits><maxQueuesPerVhost>``. ``new``: the declare creates a queue (a server-named
+        one, or a name the vhost does not hold). Every queue counts, those of the
+        configuration file and the store's included; only declares by clients and by the
+        admin API are refused."""
+        max_queues = self.config.limits.max_queues_per_vhost
+        if max_queues and new and len(vh.queues) >= max_queues:
+            self.refused("maxQueuesPerVhost")
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"cannot declare queue '{name}': queue limit in vhost '{vh.name}' "
+                f"({max_queues}) is reached",
+                QUEUE_DECLARE,
+            )
 
     def authenticate(self, user: str, password: str, peer_host: str | None = None) -> bool:
         return self.login_refusal(user, password, peer_host) is None

@@ -1315,19 +1315,9 @@ class Connection:
             if isinstance(dlx, str):
                 self.check("read", "queue", name or server_name, QUEUE_DECLARE)
                 self.check("write", "exchange", dlx, QUEUE_DECLARE)
-            max_queues = self.broker.config.limits.max_queues_per_vhost
-            if (
-                max_queues
-                and len(vh.queues) >= max_queues
-                and (server_name or name not in vh.queues)
-            ):
-                self.broker.refused("maxQueuesPerVhost")
-                raise ChannelError(
-                    PRECONDITION_FAILED,
-                    f"cannot declare queue '{name or server_name}': queue limit in vhost "
-                    f"'{vh.name}' ({max_queues}) is reached",
-                    QUEUE_DECLARE,
-                )
+            self.broker.check_queue_limit(
+                vh, name or server_name, new=bool(server_name) or name not in vh.queues
+            )
         q, _created = vh.declare_queue(
             name,
             server_name=server_name,

@@ -681,18 +681,29 @@ class BrokerAPI:
         name: str,
         *,
         durable: bool = False,
+        auto_delete: bool = False,
         arguments: Mapping[str, Any] | None = None,
+        limited: bool = False,
     ) -> QueueInfo:
         """Declare a queue (or find the existing one) as a client's queue.declare would.
 
+        :param limited: refuse it past ``<limits><maxQueuesPerVhost>`` as a client's declare
+            is (the admin API's declares); without, the broker's own queues (a plugin's
+            dead-letter queue) are made whatever the limit, and count against it.
         :raises NotFound: no such vhost.
-        :raises plugbroker.errors.ChannelError: arguments that a client would be refused for.
+        :raises plugbroker.errors.ChannelError: arguments that a client would be refused for,
+            a different declaration of an existing queue, or (``limited``) the queue limit
+            (406 ``PRECONDITION_FAILED``).
         """
         problem = name_problem(name)
         if problem:
             raise ChannelError(PRECONDITION_FAILED, f"queue name {name!r} {problem}", QUEUE_DECLARE)
         vh = self._vhost(vhost)
-        q, _ = vh.declare_queue(name, durable=durable, arguments=dict(arguments or {}))
+        if limited:
+            self._b.check_queue_limit(vh, name, new=name not in vh.queues)
+        q, _ = vh.declare_queue(
+            name, durable=durable, auto_delete=auto_delete, arguments=dict(arguments or {})
+        )
         return _queue_info(q)
 
     def delete_queue(self, vhost: str, name: str, *, reason: str, detail: str = "") -> int:

@@ -15,9 +15,11 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import amqp
 import pytest
@@ -143,6 +145,107 @@ def test_max_queues_per_vhost_refuses_a_new_queue_with_406(broker_factory) -> No
     other.close()
     c.close()
     by.close()
+
+
+def _put_queue(b: Any, vhost: str, name: str, body: bytes = b"") -> tuple[int, dict[str, Any]]:
+    port = b.running.admin.port
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}",
+        method="PUT",
+        data=body,
+    )
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_max_queues_per_vhost_holds_for_the_admin_api_and_counts_the_config_queues(
+    broker_factory,
+) -> None:
+    b = broker_factory(
+        '<queue name="cfg-a" durable="true"/><queue name="cfg-b" durable="false"/>',
+        limits="<limits><maxQueuesPerVhost>4</maxQueuesPerVhost></limits>",
+        admin=True,
+        users=USERS,
+    )
+    by = Bystander(b)  # the file's two queues and the bystander's: 3 of 4
+    assert overview(b)["limits"]["vhost_queues"]["/"] == 3
+    status, body = _put_queue(
+        b, "/", "adm-1", b'{"durable": true, "arguments": {"x-max-length": 5}}'
+    )
+    assert status == 201 and body["created"] is True
+    assert body["queue"]["name"] == "adm-1" and body["queue"]["durable"] is True
+    assert body["queue"]["arguments"] == {"x-max-length": 5}
+    status, body = _put_queue(b, "/", "adm-2")
+    assert status == 400
+    assert body == {
+        "error": "bad_request",
+        "reason": "PRECONDITION_FAILED - cannot declare queue 'adm-2': queue limit in vhost '/' "
+        "(4) is reached",
+    }
+    # declaring an existing queue again is fine, over the limit too
+    status, body = _put_queue(
+        b, "/", "adm-1", b'{"durable": true, "arguments": {"x-max-length": 5}}'
+    )
+    assert status == 200 and body["created"] is False
+    c = connect(b)
+    with pytest.raises(amqp.exceptions.PreconditionFailed):
+        c.channel().queue_declare("by-amqp")
+    by.check()
+    lim = overview(b)["limits"]
+    assert lim["refusals"]["maxQueuesPerVhost"] == 2 and lim["vhost_queues"]["/"] == 4
+    c.channel().queue_delete("adm-1")
+    assert _put_queue(b, "other", "adm-2")[0] == 201  # each vhost has its own count
+    assert _put_queue(b, "/", "adm-2")[0] == 201  # a place came free
+    c.close()
+    by.check()
+    by.close()
+
+
+def test_config_queues_over_the_limit_are_made_at_start_and_the_admin_api_refuses_more(
+    broker_factory,
+) -> None:
+    b = broker_factory(
+        "".join(f'<queue name="cfg-{i}" durable="false"/>' for i in range(3)),
+        limits="<limits><maxQueuesPerVhost>2</maxQueuesPerVhost></limits>",
+        admin=True,
+        users=USERS,
+    )
+    assert overview(b)["limits"]["vhost_queues"]["/"] == 3
+    status, body = _put_queue(b, "/", "one-more")
+    assert status == 400 and "queue limit in vhost '/' (2) is reached" in body["reason"]
+    assert _put_queue(b, "/", "cfg-1")[0] == 200  # the file's own queue, as declared
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"{not json", "the body is not JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"durable": "yes"}', "field durable: 'yes' is not true or false"),
+        (b'{"exclusive": true}', "unknown field(s) exclusive"),
+        (b'{"arguments": [1]}', "field arguments: must be a JSON object"),
+    ],
+)
+def test_a_bad_queue_body_is_a_400_that_says_why(broker_factory, body: bytes, says: str) -> None:
+    b = broker_factory(admin=True, users=USERS)
+    status, answer = _put_queue(b, "/", "q", body)
+    assert status == 400 and says in answer["error"], answer
+    assert not b.call(lambda: b.broker.api.has_queue("/", "q"))
+
+
+def test_an_admin_declare_is_checked_as_a_client_declare(broker_factory) -> None:
+    b = broker_factory(admin=True, users=USERS)
+    assert _put_queue(b, "/", "q", b'{"durable": true}')[0] == 201
+    status, body = _put_queue(b, "/", "q", b'{"durable": false}')
+    assert status == 400 and body["reason"].startswith("PRECONDITION_FAILED - ")
+    status, body = _put_queue(b, "/", "bad", b'{"arguments": {"x-max-length": "many"}}')
+    assert status == 400 and body["reason"].startswith("PRECONDITION_FAILED - ")
+    assert _put_queue(b, "nowhere", "q")[0] == 404
 
 
 def test_a_channel_above_channel_max_is_refused_with_530(broker_factory) -> None:
