@@ -63,10 +63,11 @@ CONFIG = r"""<?xml version="1.0" encoding="UTF-8"?>
   {tls}
   <store path="{store}"/>
   <users>
-    <user name="guest" password="guest" vhosts="/"/>{permissioned}
+    <user name="guest" password="guest" vhosts="/"{guest_tags}/>{permissioned}
   </users>
   <housekeeping><threads>4</threads><period>30000</period></housekeeping>
   {plugins}
+  {admin}
   <virtualhost name="/"/>
 </broker>
 """
@@ -108,8 +109,12 @@ class OwnBroker:
         tls: bool = False,
         loop: str | None = None,
         root: Path = ROOT,
+        admin: bool = False,
+        python: str | None = None,
     ) -> None:
         self.user = user
+        #: the admin interface's port (``admin=True``; guest is then an administrator)
+        self.admin_port: int | None = free_port() if admin else None
         self.tmp = Path(tempfile.mkdtemp(prefix="plugbroker-bench-"))
         self.config = self.tmp / "bench.xml"
         plugin_xml = (
@@ -138,6 +143,8 @@ class OwnBroker:
                 plugins=plugin_xml,
                 tls=tls_xml,
                 permissioned=PERMISSIONED_USER if user == "bencher" else "",
+                guest_tags=' tags="administrator"' if admin else "",
+                admin=f'<admin host="127.0.0.1" port="{self.admin_port}"/>' if admin else "",
             )
         )
         self.port = free_port()
@@ -147,7 +154,9 @@ class OwnBroker:
             env["PLUGBROKER_LOOP"] = loop  # read by `plugbroker run` (an older tree ignores it)
         self.proc = subprocess.Popen(
             [
-                sys.executable,
+                # an installed tree is imported by its venv's interpreter whatever PYTHONPATH
+                # says (the editable install's finder): another tree needs its own
+                python or sys.executable,
                 "-m",
                 "plugbroker",
                 "run",

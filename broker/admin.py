@@ -34,7 +34,14 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from plugbroker.core.api import BrokerAPI, ConsumerInfo, LimitsInfo, NotFound, QueueInfo
+from plugbroker.core.api import (
+    BrokerAPI,
+    ConsumerInfo,
+    LimitsInfo,
+    NotFound,
+    QueueInfo,
+    RedriveResult,
+)
 from plugbroker.errors import ChannelError
 from plugbroker.hookimpl import hookimpl
 
@@ -256,7 +263,7 @@ class Admin:
 
         return self.on_loop(read)
 
-    def redrive(
+    async def redrive(
         self,
         vhost: str,
         name: str,
@@ -270,32 +277,54 @@ class Admin:
         """Move the ready messages of a dead-letter queue back to the queue each came from
         (``REAL_TOPIC``, else the last ``x-death`` queue). Messages whose origin is unknown or
         gone stay where they are. See :meth:`plugbroker.core.api.BrokerAPI.redrive` for the
-        options."""
+        options. Without a rate (and for a dry run) the work goes a bounded step per loop turn
+        (:meth:`plugbroker.core.api.BrokerAPI.redrive_in_steps`); on the loop only."""
+        if rate is None:
+            try:
+                result = await self.api.redrive_in_steps(
+                    vhost, name, limit=limit, reasons=reasons, reset=reset, dry_run=dry_run
+                )
+            except NotFound as exc:
+                raise AdminError(404, str(exc)) from None
+            return self._redrive_answer(vhost, name, result, reasons, reset, dry_run, rate)
 
         def run() -> dict[str, Any]:
             result = self.api.redrive(
                 vhost, name, limit=limit, reasons=reasons, reset=reset, dry_run=dry_run, rate=rate
             )
-            log.info(
-                "redrive of '%s' in vhost '%s'%s: %s moved back, %d kept%s",
-                name,
-                vhost,
-                " (dry run)" if dry_run else "",
-                dict(result.planned if dry_run else result.moved) or "nothing",
-                result.kept,
-                f", {result.pending} to follow at {rate:g}/s" if result.pending else "",
-            )
-            out: dict[str, Any] = {"moved": dict(result.moved), "kept": result.kept}
-            if dry_run or rate is not None or reasons or not reset:
-                out.update(
-                    planned=dict(result.planned),
-                    pending=result.pending,
-                    dry_run=result.dry_run,
-                    reset=reset,
-                )
-            return out
+            return self._redrive_answer(vhost, name, result, reasons, reset, dry_run, rate)
 
         return self.on_loop(run)
+
+    def _redrive_answer(
+        self,
+        vhost: str,
+        name: str,
+        result: RedriveResult,
+        reasons: list[str] | None,
+        reset: bool,
+        dry_run: bool,
+        rate: float | None,
+    ) -> dict[str, Any]:
+        """The log line and the JSON answer of a redrive."""
+        log.info(
+            "redrive of '%s' in vhost '%s'%s: %s moved back, %d kept%s",
+            name,
+            vhost,
+            " (dry run)" if dry_run else "",
+            dict(result.planned if dry_run else result.moved) or "nothing",
+            result.kept,
+            f", {result.pending} to follow at {rate:g}/s" if result.pending else "",
+        )
+        out: dict[str, Any] = {"moved": dict(result.moved), "kept": result.kept}
+        if dry_run or rate is not None or reasons or not reset:
+            out.update(
+                planned=dict(result.planned),
+                pending=result.pending,
+                dry_run=result.dry_run,
+                reset=reset,
+            )
+        return out
 
     # -- commands (each writes one audit line: who did what to what) -------------------------
 
@@ -339,32 +368,36 @@ class Admin:
 
         return self.on_loop(run)
 
-    def purge_queue(self, vhost: str, name: str, *, by: str) -> dict[str, Any]:
-        def run() -> dict[str, Any]:
-            n = self.api.purge_queue(vhost, name)
-            self.api.end_of_turn()
-            log.info(
-                "admin: user '%s' purged queue '%s' in vhost '%s': %d messages", by, name, vhost, n
+    async def purge_queue(self, vhost: str, name: str, *, by: str) -> dict[str, Any]:
+        """Purge a queue, a bounded step per loop turn (a queue may hold millions); answers
+        when it is done. On the loop only."""
+        try:
+            n = await self.api.purge_queue_in_steps(vhost, name)
+        except NotFound as exc:
+            raise AdminError(404, str(exc)) from None
+        log.info(
+            "admin: user '%s' purged queue '%s' in vhost '%s': %d messages", by, name, vhost, n
+        )
+        return {"purged": n}
+
+    async def delete_queue(self, vhost: str, name: str, *, by: str) -> dict[str, Any]:
+        """Delete a queue at once, its messages freed a bounded step per loop turn; answers
+        when it is done. On the loop only."""
+        try:
+            n = await self.api.delete_queue_in_steps(
+                vhost, name, reason="admin", detail=f"deleted by user '{by}'"
             )
-            return {"purged": n}
-
-        return self.on_loop(run)
-
-    def delete_queue(self, vhost: str, name: str, *, by: str) -> dict[str, Any]:
-        def run() -> dict[str, Any]:
-            n = self.api.delete_queue(vhost, name, reason="admin", detail=f"deleted by user '{by}'")
-            self.api.end_of_turn()
-            log.info(
-                "admin: user '%s' deleted queue '%s' in vhost '%s' (%d ready messages)",
-                by,
-                name,
-                vhost,
-                n,
-            )
-            self.history.forget(vhost, name)
-            return {"deleted": True, "messages": n}
-
-        return self.on_loop(run)
+        except NotFound as exc:
+            raise AdminError(404, str(exc)) from None
+        log.info(
+            "admin: user '%s' deleted queue '%s' in vhost '%s' (%d ready messages)",
+            by,
+            name,
+            vhost,
+            n,
+        )
+        self.history.forget(vhost, name)
+        return {"deleted": True, "messages": n}
 
     def connection(self, connection_id: str) -> dict[str, Any] | None:
         """One connection's row, or None."""

@@ -724,8 +724,8 @@ class AdminServer:
                 vhost, queue, verb = parts[2], parts[3], parts[4]
                 who.require(ENDPOINTS["POST", f"/api/queues/{{vhost}}/{{queue}}/{verb}"], vhost)
                 if verb == "purge":
-                    return _json(200, admin.purge_queue(vhost, queue, by=who.name))
-                return _json(200, admin.delete_queue(vhost, queue, by=who.name))
+                    return _json(200, await admin.purge_queue(vhost, queue, by=who.name))
+                return _json(200, await admin.delete_queue(vhost, queue, by=who.name))
             if len(parts) == 4 and parts[:2] == ["api", "connections"] and parts[3] == "close":
                 row = admin.connection(parts[2])
                 if row is None:
@@ -753,7 +753,7 @@ class AdminServer:
                 rate = _float_param(query, "rate")
                 return _json(
                     200,
-                    admin.redrive(
+                    await admin.redrive(
                         parts[2],
                         parts[3],
                         most,

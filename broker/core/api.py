@@ -17,7 +17,7 @@ messages (isolate, release, redrive) call it, so their hooks fire as on any othe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -337,10 +337,13 @@ class RedriveResult:
 class BrokerAPI:
     """Views and commands over one running broker. See the module docstring."""
 
-    __slots__ = ("__weakref__", "_b")
+    __slots__ = ("__weakref__", "_b", "_stepping")
 
     def __init__(self, broker: Broker) -> None:
         self._b = broker
+        #: work running a step per loop turn (:meth:`purge_queue_in_steps` ...), kept here so
+        #: it runs to its end when its caller goes away
+        self._stepping: set[asyncio.Future[None]] = set()
 
     # -- identity, time, configuration ----------------------------------------------------------
 
@@ -721,6 +724,77 @@ class BrokerAPI:
         :raises NotFound: no such queue.
         """
         return fate.purge(self._queue(vhost, name))
+
+    # -- the same for queues of millions: bounded work per loop turn -----------------------------
+
+    async def purge_queue_in_steps(self, vhost: str, name: str) -> int:
+        """:meth:`purge_queue` for a queue that may hold millions: the ready list is emptied
+        at once (one purge, at one instant), and the messages are let go
+        :data:`~plugbroker.domain.fate.STEP_MESSAGES` per loop turn, so other connections are
+        served meanwhile; returns when all are. Cancelling the caller does not stop it.
+
+        :raises NotFound: no such queue.
+        """
+        n, steps = fate.purge_in_steps(self._queue(vhost, name))
+        await self._in_steps(steps)
+        return n
+
+    async def delete_queue_in_steps(
+        self, vhost: str, name: str, *, reason: str, detail: str = ""
+    ) -> int:
+        """:meth:`delete_queue` for a queue that may hold millions: the queue is deleted at
+        once, its messages freed a step per loop turn; returns when all are.
+
+        :raises NotFound: no such queue.
+        """
+        q = self._queue(vhost, name)
+        held: list[dict[int, Message]] = []
+        n = q.vhost.delete_queue(q, reason=reason, detail=detail, keep=held)
+        for msgs in held:
+            await self._in_steps(fate.let_go_in_steps(msgs))
+        return n
+
+    async def redrive_in_steps(
+        self,
+        vhost: str,
+        queue: str,
+        *,
+        limit: int | None = None,
+        reasons: Iterable[str] | None = None,
+        reset: bool = True,
+        dry_run: bool = False,
+    ) -> RedriveResult:
+        """:meth:`redrive` without a rate, for a dead-letter queue that may hold millions: the
+        messages ready when it starts are looked at a step per loop turn
+        (:class:`~plugbroker.domain.fate.StepwiseRedrive`); returns when all are.
+
+        :raises NotFound: no such queue.
+        """
+        q = self._queue(vhost, queue)
+        run = fate.StepwiseRedrive(
+            q,
+            limit=limit,
+            reasons=frozenset(reasons) if reasons else None,
+            reset=reset,
+            dry_run=dry_run,
+        )
+        await self._in_steps(run.steps())
+        moved = {} if dry_run else dict(run.moved)
+        return RedriveResult(moved, run.kept, dict(run.planned), 0, dry_run)
+
+    async def _in_steps(self, steps: Iterator[None]) -> None:
+        """Run ``steps`` one per loop turn in a task of its own, so that a cancelled caller
+        (an admin client that went away) leaves no half-done work; wait for it."""
+
+        async def run() -> None:
+            for _ in steps:
+                await asyncio.sleep(0)  # a turn for everyone else
+            self._b.end_of_turn()
+
+        task = asyncio.ensure_future(run())
+        self._stepping.add(task)
+        task.add_done_callback(self._stepping.discard)
+        await asyncio.shield(task)
 
     def close_channel(self, connection_id: str, channel_id: int, code: int, text: str) -> bool:
         """Close one channel from the broker's side (its connection stays open). False if there

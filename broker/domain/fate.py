@@ -20,7 +20,10 @@ or taken back from an isolated consumer is one function of this module:
 :func:`redrive`             a dead-letter queue's messages go back to where they died
 :func:`enqueue`             the broker puts a message on queues: a dead letter, a delayed release
 :func:`purge`               queue.purge: the ready messages leave
+:func:`purge_in_steps`      the same, its per-message part a bounded step at a time (admin)
+:func:`let_go_in_steps`     a deleted queue's messages freed a bounded step at a time (admin)
 :func:`plan_redrive`        which of them would go where (a dry run, and each paced step)
+:class:`StepwiseRedrive`    a redrive without a rate, a bounded step at a time (admin)
 :func:`isolate`             blocklist a consumer and requeue its unacked messages to the others
 :func:`release`             take a consumer off the blocklist
 :func:`requeue_unsettled`   messages a consumer held without settling come back (disconnect,
@@ -53,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from plugbroker.retry import DEFAULT_MAX_RECONSUME, MAX_DELAY, MIN_DELAY
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
     from plugbroker.domain.message import Message
     from plugbroker.domain.queue import Consumer, Queue
@@ -568,6 +571,53 @@ def purge(q: Queue) -> int:
     return len(msgs)
 
 
+#: messages one step of a stepwise purge, delete or redrive handles before the loop serves
+#: others (about a millisecond of work for a purge; see docs/benchmarks.md, "Fairness")
+STEP_MESSAGES = 2048
+
+
+def purge_in_steps(q: Queue, step: int | None = None) -> tuple[int, Iterator[None]]:
+    """queue.purge of a queue that may hold millions: the ready list is emptied now, as one
+    purge at one instant (what a consumer, a declare-ok or a late publish sees), and returns
+    ``(count, steps)``; each ``next(steps)`` then lets go of at most ``step`` of the purged
+    messages (``broker_message_removed``, reason ``purged``, for each; their store records;
+    their memory), so the loop serves others between steps. Until the last step the queue's
+    ``messages`` and ``bytes`` figures still count the purged messages not yet let go."""
+    msgs = q.take_all_ready()
+    return len(msgs), _forget_in_steps(q, msgs, max(1, step or STEP_MESSAGES))
+
+
+def _forget_in_steps(q: Queue, msgs: list[Message], step: int) -> Iterator[None]:
+    msgs.reverse()  # taken from the end, in delivery order: each step frees what it took
+    vname = q.vhost.name
+    while msgs:
+        part = msgs[-step:]
+        del msgs[-step:]
+        part.reverse()
+        if not q.deleted:  # deleted meanwhile: they went with the queue (its delete counted them)
+            q.forget_taken(part)
+            h = q.vhost.hooks.message_removed
+            if h is not None:
+                for m in part:
+                    h(vhost=vname, queue=q.name, message=m, reason="purged")
+        del part
+        if msgs:
+            yield
+
+
+def let_go_in_steps(msgs: dict[int, Message], step: int | None = None) -> Iterator[None]:
+    """Drop the references to a deleted queue's messages (``VirtualHost.delete_queue``'s
+    ``keep``) ``step`` at a time: freeing a million messages at once holds the loop for a
+    sizeable fraction of a second."""
+    step = max(1, step or STEP_MESSAGES)
+    pop = msgs.popitem
+    while msgs:
+        for _ in range(min(step, len(msgs))):
+            pop()
+        if msgs:
+            yield
+
+
 #: header of a dead letter: the delivery count the message had when it died
 LAST_DELIVERY_COUNT = "x-last-delivery-count"
 
@@ -921,10 +971,20 @@ def redrive_one(q: Queue, m: Message, target: Queue, *, reset: bool) -> bool:
     """
     if target.deleted or m.id not in q.held:
         return False
+    if _redrive_copy(q, m, target, reset=reset) is None:
+        return False
+    q.take_ready(m)
+    q.settle(m)
+    removed(q, m, "redrive")
+    return True
+
+
+def _redrive_copy(q: Queue, m: Message, target: Queue, *, reset: bool) -> Message | None:
+    """The copy of dead letter ``m`` that a redrive puts on ``target`` (None: not taken)."""
     moving = m
     if reset and m._hoff >= 0 and "RECONSUMETIMES" in m.headers:
         if not _ensure_body(q, m):
-            return False
+            return None
         props = m.decoded
         headers = dict(props.get("application_headers") or {})
         headers.pop("RECONSUMETIMES", None)
@@ -933,12 +993,7 @@ def redrive_one(q: Queue, m: Message, target: Queue, *, reset: bool) -> bool:
     elif not reset and m._hoff >= 0:
         moving = m.copy()
         moving.delivery_count = max(m.delivery_count, _count(m.headers.get(LAST_DELIVERY_COUNT)))
-    if forward(q, moving, target, "redrive", reset_count=reset) is None:
-        return False
-    q.take_ready(m)
-    q.settle(m)
-    removed(q, m, "redrive")
-    return True
+    return forward(q, moving, target, "redrive", reset_count=reset)
 
 
 def redrive(
@@ -964,6 +1019,89 @@ def redrive(
         else:
             kept += 1
     return moved, kept
+
+
+class StepwiseRedrive:
+    """A redrive without a rate (or its dry run) over a dead-letter queue that may hold
+    millions, a bounded step at a time: the candidates are the ready messages when it starts
+    (one copy of the ready list, in C), and each step of :meth:`steps` looks at
+    ``step`` of them, in order, then yields so the loop serves others.
+
+    A candidate moves as :func:`redrive_one` moves it, and stays (counted in ``kept``) for the
+    same reasons; one filtered out by ``reasons`` stays too. A candidate that is no longer
+    ready when its turn comes (consumed from the dead-letter queue meanwhile, or gone) is
+    passed over and not counted. ``planned`` counts, per target, the candidates that qualified
+    (at most ``limit``); with ``dry_run`` nothing moves. It ends early if the dead-letter queue
+    is deleted."""
+
+    def __init__(
+        self,
+        q: Queue,
+        *,
+        limit: int | None = None,
+        reasons: frozenset[str] | None = None,
+        reset: bool = True,
+        dry_run: bool = False,
+        step: int | None = None,
+    ) -> None:
+        self.q = q
+        self.limit = limit
+        self.reasons = reasons
+        self.reset = reset
+        self.dry_run = dry_run
+        #: a move costs some 20 times a purge's forget (a copy, a delivery, hooks, a settle)
+        self.step = max(1, step or STEP_MESSAGES // 32)
+        self.moved: dict[str, int] = {}
+        self.planned: dict[str, int] = {}
+        self.kept = 0
+        self._qualified = 0
+        self._todo = list(q.ready)
+        self._todo.reverse()
+
+    def steps(self) -> Iterator[None]:
+        todo = self._todo
+        while todo:
+            part = todo[-self.step :]
+            del todo[-self.step :]
+            part.reverse()
+            self._handle(part)
+            if self.q.deleted or (self.limit is not None and self._qualified >= self.limit):
+                todo.clear()
+            if todo:
+                yield
+
+    def _handle(self, part: list[Message]) -> None:
+        q = self.q
+        vh = q.vhost
+        limit = self.limit
+        for m in part:
+            if q.deleted or (limit is not None and self._qualified >= limit):
+                return
+            if m.id not in q.held:
+                continue  # consumed and settled meanwhile, or expired
+            if self.reasons is not None and death_reason_of(m) not in self.reasons:
+                self.kept += 1
+                continue
+            origin = original_queue_of(m)
+            target = vh.queues.get(origin) if origin else None
+            if target is None or target is q or target.deleted or target.refuses(m):
+                self.kept += 1
+                continue
+            if self.dry_run:
+                self._qualified += 1
+                self.planned[target.name] = self.planned.get(target.name, 0) + 1
+                continue
+            if not q.take_ready(m):
+                continue  # delivered from the dead-letter queue meanwhile: not ours to move
+            self._qualified += 1
+            self.planned[target.name] = self.planned.get(target.name, 0) + 1
+            if _redrive_copy(q, m, target, reset=self.reset) is None:
+                q.untake(m)
+                self.kept += 1
+                continue
+            q.settle(m)
+            removed(q, m, "redrive")
+            self.moved[target.name] = self.moved.get(target.name, 0) + 1
 
 
 class PacedRedrive:

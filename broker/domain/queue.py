@@ -513,12 +513,30 @@ class Queue:
 
     def purge(self) -> list[Message]:
         """Let go of every ready message (unacked ones stay); :func:`fate.purge` calls this."""
-        self.moved_waiting.clear()
-        msgs = self.ready.drain()
-        self.ready_bytes = 0
+        msgs = self.take_all_ready()
         for m in msgs:
             self._forget(m)
         return msgs
+
+    def take_all_ready(self) -> list[Message]:
+        """Empty the ready list at once (one pass in C for the usual lists) and return what it
+        held; the messages stay held until :meth:`forget_taken` lets go of them (a purge in
+        steps: :func:`plugbroker.domain.fate.purge_in_steps`)."""
+        self.moved_waiting.clear()
+        msgs = self.ready.drain()
+        self.ready_bytes = 0
+        return msgs
+
+    def forget_taken(self, msgs: Iterable[Message]) -> None:
+        """Let go of messages :meth:`take_all_ready` took (those still held)."""
+        for m in msgs:
+            self._forget(m)
+
+    def untake(self, msg: Message) -> None:
+        """Put back a message :meth:`take_ready` took, where it was (by id), unchanged."""
+        self.ready.requeue([msg])
+        self.ready_bytes += msg.body_size
+        self.vhost.mark_dirty(self)
 
     # ----------------------------------------------------------------- expiry
 
@@ -759,11 +777,13 @@ class Queue:
 
     # ----------------------------------------------------------------- teardown
 
-    def drain_all(self) -> list[Message]:
-        """Remove every message (the queue is being deleted); returns what was held."""
-        msgs = list(self.held.values())
+    def drain_all(self) -> OrderedDict[int, Message]:
+        """Remove every message (the queue is being deleted); returns what was held: the
+        queue's own map of them, handed over whole (emptying the ready list is the only pass
+        over them, in C for the usual lists)."""
+        msgs = self.held
+        self.held = OrderedDict()
         self.ready.drain()
-        self.held.clear()
         self.not_due.clear()
         self.bytes = self.ready_bytes = self.delayed = 0
         self.moved_waiting.clear()

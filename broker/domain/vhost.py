@@ -482,11 +482,15 @@ class VirtualHost:
         detail: str = "",
         if_unused: bool = False,
         if_empty: bool = False,
+        keep: list[dict[int, Message]] | None = None,
     ) -> int:
         """Delete ``q``: cancel its consumers, drop its bindings, release its messages.
 
         ``reason`` is the code plugins see (``client``, ``auto-delete``, ``expired``,
         ``exclusive-owner-closed``, ``policy:<name>``); ``detail`` goes to the log line.
+        ``keep``: the messages it held (by id) are appended there instead of being let go at
+        once, so the caller can free them a step at a time
+        (:func:`plugbroker.domain.fate.let_go_in_steps`).
         """
         sig = QUEUE_DELETE
         if if_unused and q.consumers:
@@ -528,6 +532,8 @@ class VirtualHost:
         h = self.hooks.queue_deleted
         if h is not None:
             h(vhost=self.name, queue=q.name, reason=reason, messages=len(msgs))
+        if keep is not None:
+            keep.append(msgs)
         return count
 
     # ----------------------------------------------------------------- dead-letter targets

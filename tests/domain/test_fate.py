@@ -791,3 +791,120 @@ def test_no_records_without_poison_deliveries(vh, hooks, clock):
         consume(q, ch, f"c{i}")
         ch.close()
     assert q.suspects == {} and m.id in q.held and m.delivery_count == 4
+
+
+# --------------------------------------------------------------------------- in steps
+
+
+class StepHooks(Hooks):
+    NOTIFICATIONS = (*Hooks.NOTIFICATIONS, "message_removed")
+
+
+@pytest.fixture
+def svh(clock: ManualClock) -> VirtualHost:
+    return VirtualHost("/", clock=clock, timers=Timers(clock), hooks=StepHooks())
+
+
+def test_a_purge_in_steps_empties_the_ready_list_at_once_and_lets_go_a_step_at_a_time(svh):
+    hooks = svh.hooks
+    q, _ = svh.declare_queue("big")
+    msgs = put(svh, q, *(b"m%d" % i for i in range(25)))
+    ch = Channel()
+    c = consume(q, ch, prefetch=3)  # 3 unacked stay with their consumer
+    n, steps = fate.purge_in_steps(q, step=10)
+    assert n == 22 and q.ready_count == 0 and len(q.ready) == 0
+    assert hooks.named("message_removed") == []  # nothing let go yet
+    put(svh, q, b"after")  # a publish after the purge is kept
+    removed_per_step = []
+    for _ in steps:
+        removed_per_step.append(len(hooks.named("message_removed")))
+    assert removed_per_step == [10, 20]  # the last step (2 more) ends the iteration
+    gone = hooks.named("message_removed")
+    assert [kw["message"] for kw in gone] == msgs[3:]  # in delivery order
+    assert {kw["reason"] for kw in gone} == {"purged"}
+    assert q.message_count == 3 + 1 and [m.body for m in q.ready] == [b"after"]
+    assert q.bytes == sum(m.body_size for m in q.held.values())
+    assert c.unacked == 3
+
+
+def test_letting_a_deleted_queues_messages_go_frees_them_a_step_at_a_time(svh):
+    import gc
+    import weakref
+
+    q, _ = svh.declare_queue("big")
+    refs = [weakref.ref(m) for m in put(svh, q, *(b"m%d" % i for i in range(25)))]
+    held: list[list[Message]] = []
+    assert svh.delete_queue(q, reason="admin", keep=held) == 25
+    assert "big" not in svh.queues and q.message_count == 0
+    gc.collect()
+    alive = []
+    for _ in fate.let_go_in_steps(held[0], step=10):
+        alive.append(sum(r() is not None for r in refs))
+    assert alive == [15, 5]
+    assert sum(r() is not None for r in refs) == 0
+
+
+def _dead_letters(vh: VirtualHost, n: int) -> tuple[Queue, Queue, list[Message]]:
+    q, dlq = with_dlq(vh, "work")
+    msgs = put(vh, q, *(b"job%d" % i for i in range(n)))
+    ch = Channel()
+    c = consume(q, ch)
+    for tag in sorted(ch.unacked):
+        m, _, _ = ch.unacked.pop(tag)
+        c.unacked -= 1
+        fate.reject(q, m, c, ch, False, vh.clock.monotonic())
+    q.remove_consumer(c)
+    assert dlq.message_count == n and q.message_count == 0
+    return q, dlq, msgs
+
+
+def test_a_stepwise_redrive_moves_a_step_at_a_time_in_order(svh):
+    q, dlq, msgs = _dead_letters(svh, 25)
+    run = fate.StepwiseRedrive(dlq, step=10)
+    moved_per_step = [sum(run.moved.values()) for _ in run.steps()]
+    assert moved_per_step == [10, 20] and run.moved == {"work": 25} and run.kept == 0
+    assert run.planned == {"work": 25}
+    assert [m.body for m in q.ready] == [m.body for m in msgs]
+    assert dlq.message_count == 0
+    assert {kw["reason"] for kw in svh.hooks.named("message_removed")} == {"redrive"}
+
+
+def test_a_stepwise_redrive_passes_over_what_was_consumed_meanwhile(svh):
+    q, dlq, _ = _dead_letters(svh, 25)
+    run = fate.StepwiseRedrive(dlq, step=10)
+    steps = run.steps()
+    next(steps)  # 10 moved
+    ch = Channel()
+    c = consume(dlq, ch, prefetch=5)  # a consumer of the dead-letter queue takes 5
+    assert c.unacked == 5
+    list(steps)
+    assert run.moved == {"work": 20} and run.kept == 0
+    assert dlq.message_count == 5 and len(ch.unacked) == 5  # still with their consumer
+    assert q.message_count == 20
+
+
+def test_a_stepwise_redrive_honours_limit_reasons_and_dry_run(svh):
+    q, dlq, _ = _dead_letters(svh, 25)
+    put(svh, dlq, b"no origin")
+    dry = fate.StepwiseRedrive(dlq, dry_run=True, step=4)
+    list(dry.steps())
+    assert dry.planned == {"work": 25} and dry.moved == {} and dry.kept == 1
+    assert dlq.message_count == 26
+    none = fate.StepwiseRedrive(dlq, reasons=frozenset({"expired"}), step=4)
+    list(none.steps())
+    assert none.moved == {} and none.kept == 26
+    some = fate.StepwiseRedrive(dlq, limit=7, step=4)
+    assert len(list(some.steps())) == 1  # two steps: the limit ends it
+    assert some.moved == {"work": 7} and dlq.message_count == 19 and q.message_count == 7
+
+
+def test_a_queue_deleted_during_a_purge_in_steps_took_the_rest_with_it(svh):
+    q, _ = svh.declare_queue("big")
+    put(svh, q, *(b"m%d" % i for i in range(25)))
+    n, steps = fate.purge_in_steps(q, step=10)
+    assert n == 25
+    next(steps)
+    assert len(svh.hooks.named("message_removed")) == 10
+    assert svh.delete_queue(q, reason="client") == 0  # nothing ready: the purge took it
+    list(steps)
+    assert len(svh.hooks.named("message_removed")) == 10  # the rest went with the queue

@@ -130,6 +130,146 @@ def test_delete_cancels_the_consumers_and_removes_the_queue(b, caplog) -> None:
     conn.close()
 
 
+# ------------------------------------------------------------------ big queues, in steps
+
+
+class RemovedWhileServing:
+    """A plugin on ``broker_message_removed``: for each message a purge or redrive lets go,
+    how many messages the bystander's queue had taken by then (its published counter)."""
+
+    def __init__(self, api) -> None:
+        self.api = api
+        self.seen: list[int] = []
+
+    @hookimpl
+    def broker_message_removed(self, vhost, queue, message, reason) -> None:
+        if queue != "bystander":
+            info = self.api.queue("/", "bystander")
+            self.seen.append(info.published_total if info is not None else -1)
+
+
+class BusyBystander:
+    """A bystander publishing with confirms in a thread of its own until stopped."""
+
+    def __init__(self, b) -> None:
+        import threading
+
+        self.by = Bystander(b)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for _ in range(1_000_000):
+            if self.stop.is_set():
+                return
+            self.by.publish(1)
+
+    def check(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        self.by.check()
+
+
+def _fill(b, queue: str, n: int, **declare) -> None:
+    conn = connect(b)
+    ch = conn.channel()
+    ch.queue_declare(queue, auto_delete=False, **declare)
+    for i in range(n):
+        ch.basic_publish(amqp.Message(b"m%d" % i), "", queue)
+    ch.queue_declare(queue, passive=True)  # a round trip: all are in
+    conn.close()
+
+
+@pytest.fixture
+def small_steps(monkeypatch):
+    """Steps of 20 messages, and the interpreter switching threads often: the broker and the
+    bystander's thread share this process, and by default a thread holds the GIL for 5 ms,
+    longer than a whole purge of these queues."""
+    import sys
+
+    from plugbroker.domain import fate
+
+    monkeypatch.setattr(fate, "STEP_MESSAGES", 20)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def test_a_big_purge_goes_in_steps_while_a_bystander_is_served(b, small_steps, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="plugbroker.admin")
+    _fill(b, "big", 3000)
+    seen = RemovedWhileServing(b.broker.api)
+    b.call(lambda: b.broker.api.register_plugin(seen, "test-removed"))
+    busy = BusyBystander(b)
+    status, body = request(b.running.admin.port, "POST", "/api/queues/%2F/big/purge")
+    busy.check()
+    assert status == 200 and body == {"purged": 3000}
+    assert len(seen.seen) == 3000
+    # the bystander's publishes were taken between the steps, not only before or after
+    assert len(set(seen.seen)) > 1, "no bystander publish between the purge's steps"
+    assert b.call(lambda: b.broker.api.queue("/", "big").messages) == 0
+    assert any("purged queue 'big' in vhost '/': 3000" in r.getMessage() for r in caplog.records)
+
+
+def test_a_big_delete_answers_once_its_messages_are_let_go(b, small_steps) -> None:
+    _fill(b, "big", 3000)
+    busy = BusyBystander(b)
+    status, body = request(b.running.admin.port, "POST", "/api/queues/%2F/big/delete")
+    busy.check()
+    assert status == 200 and body == {"deleted": True, "messages": 3000}
+    assert not b.call(lambda: b.broker.api.has_queue("/", "big"))
+    assert b.call(lambda: len(b.broker.api._stepping)) == 0
+
+
+def test_a_big_redrive_goes_in_steps_while_a_bystander_is_served(b, small_steps) -> None:
+    conn = connect(b)
+    ch = conn.channel()
+    ch.queue_declare("work-dlq", auto_delete=False)
+    args = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "work-dlq"}
+    conn.close()
+    _fill(b, "work", 1500, arguments=args)
+    conn = connect(b)
+    ch = conn.channel()
+    got: list[int] = []
+    ch.basic_consume("work", callback=lambda m: got.append(m.delivery_tag))
+    drain_until(conn, lambda: len(got) == 1500, timeout=10)
+    for tag in got:
+        ch.basic_reject(tag, requeue=False)
+    ch.queue_declare("work-dlq", passive=True)  # a round trip: all rejected
+    conn.close()
+    assert b.call(lambda: b.broker.api.queue("/", "work-dlq").messages) == 1500
+    seen = RemovedWhileServing(b.broker.api)
+    b.call(lambda: b.broker.api.register_plugin(seen, "test-removed"))
+    busy = BusyBystander(b)
+    status, body = request(b.running.admin.port, "POST", "/api/queues/%2F/work-dlq/redrive")
+    busy.check()
+    assert status == 200 and body == {"moved": {"work": 1500}, "kept": 0}
+    assert len(seen.seen) == 1500 and len(set(seen.seen)) > 1
+    assert b.call(lambda: b.broker.api.queue("/", "work").messages) == 1500
+    assert b.call(lambda: b.broker.api.queue("/", "work-dlq").messages) == 0
+
+
+def test_a_purge_whose_client_goes_away_still_completes(b, small_steps) -> None:
+    _fill(b, "big", 3000)
+    port = b.running.admin.port
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(
+        b"POST /api/queues/%2F/big/purge HTTP/1.1\r\nHost: localhost\r\nAuthorization: "
+        + AUTH.encode()
+        + b"\r\nContent-Length: 0\r\n\r\n"
+    )
+    sock.close()  # gone before the answer
+    for _ in range(200):
+        if b.call(lambda: b.broker.api.queue("/", "big").messages) == 0:
+            break
+        time.sleep(0.02)
+    assert b.call(lambda: b.broker.api.queue("/", "big").messages) == 0
+    assert b.call(lambda: b.broker.api.queue("/", "big").bytes) == 0
+
+
 def test_close_connection_sends_320_with_the_text_and_spares_the_others(b, capsys) -> None:
     by = Bystander(b)
     victim = connect(b)
