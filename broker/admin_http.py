@@ -12,7 +12,12 @@ What keeps one client from hurting the others (:class:`HttpLimits`):
   idle or trickling socket is closed;
 * a body must arrive within ``body_timeout`` (408) and be at most ``max_body`` bytes (413);
 * at most ``max_connections`` sockets are served; one more is answered 503 and closed;
-* a request line, a header or a parameter the server cannot parse is a 400, as JSON.
+* a request line, a header or a parameter the server cannot parse is a 400, as JSON;
+* a failed login goes through the broker's login throttle (the AMQP one), answered 401 after
+  its delay, or 429 at once while too many refusals to that address wait;
+* purge, delete and redrive of a big queue go a bounded step per loop turn
+  (:mod:`plugbroker.core.api`'s ``*_in_steps``);
+* a failure inside the broker is a 500 with a reference id, the log has the rest.
 
 Every answer the API gives is JSON (``{"error": ...}`` for errors), except ``/metrics``.
 
