@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -46,6 +47,14 @@ class Target:
 
     def cpu_us(self, key: tuple[str, int]) -> list[float]:
         return [r.cpu / r.count * 1e6 for r in self.results.get(key, []) if r.cpu and r.count]
+
+    def split_us(self, key: tuple[str, int]) -> tuple[list[float], list[float]]:
+        """user and system µs per message, one of each per round."""
+        rs = [r for r in self.results.get(key, []) if r.cpu_split is not None and r.count]
+        return (
+            [r.cpu_split.user / r.count * 1e6 for r in rs if r.cpu_split],
+            [r.cpu_split.system / r.count * 1e6 for r in rs if r.cpu_split],
+        )
 
 
 def median_or_none(xs: list[float]) -> float | None:
@@ -75,6 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the plugbroker tree in this directory (repeatable)",
     )
     ap.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="PYTHON",
+        help="also run the plugbroker installed for this interpreter (a venv's bin/python, "
+        "e.g. a pure-Python and a compiled build side by side), on each --loop; repeatable",
+    )
+    ap.add_argument(
         "--baseline-loop",
         choices=("asyncio", "uvloop", "auto"),
         help="PLUGBROKER_LOOP for the baseline trees (a tree that predates it ignores it)",
@@ -97,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         for loop in args.loop:
             own = tp.OwnBroker(loop=loop)
             targets.append(Target(f"plugbroker ({loop})", own.url, own.pid, own))
+            for py in args.python:
+                own = tp.OwnBroker(loop=loop, python=py)
+                venv = Path(py).parent.parent.name
+                targets.append(Target(f"plugbroker ({loop}, {venv})", own.url, own.pid, own))
         if args.rabbitmq_url:
             targets.append(Target(RABBIT, args.rabbitmq_url, args.rabbitmq_pid))
         for t in targets:
@@ -109,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                         t.results.setdefault((mode, size), []).append(r)
                         print(
                             f"  round {rnd} {mode:16s} {size:5d} B  {t.label:24s} "
-                            f"{r.rate:10,.0f} msg/s  cpu {r.cpu_us():>6s} µs/msg  {r.note}",
+                            f"{r.rate:10,.0f} msg/s  cpu {r.cpu_us():>6s} µs/msg "
+                            f"({r.split_us()} user/sys)  {r.note}",
                             file=sys.stderr,
                             flush=True,
                         )
@@ -140,6 +162,17 @@ def main(argv: list[str] | None = None) -> int:
                     ratios = [a / b for a, b in zip(mine, base) if b]
                     row.append(fmt(median_or_none(ratios), ".2f"))
             print("| " + " | ".join(row) + " |")
+    print("\nbroker CPU split, median µs per message: user (Python, interpreter) / system (kernel)")
+    print("| mode | body | " + " | ".join(t.label for t in targets) + " |")
+    print("|---|" + "---:|" * (len(targets) + 1))
+    for size in args.size:
+        for mode in modes:
+            user, system = zip(*(t.split_us((mode, size)) for t in targets))
+            cells = [
+                f"{fmt(median_or_none(u))} / {fmt(median_or_none(y))}" for u, y in zip(user, system)
+            ]
+            print(f"| {mode} | {size} B | " + " | ".join(cells) + " |")
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("\nmsg/s, median")
     print("| mode | body | " + " | ".join(t.label for t in targets) + " |")
     print("|---|" + "---:|" * (len(targets) + 1))
@@ -157,7 +190,14 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     t.label: {
                         f"{m} {s}": [
-                            {"count": r.count, "seconds": r.seconds, "cpu": r.cpu, "note": r.note}
+                            {
+                                "count": r.count,
+                                "seconds": r.seconds,
+                                "cpu": r.cpu,
+                                "user": r.cpu_split.user if r.cpu_split else None,
+                                "system": r.cpu_split.system if r.cpu_split else None,
+                                "note": r.note,
+                            }
                             for r in rs
                         ]
                         for (m, s), rs in t.results.items()

@@ -41,7 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlparse
 
 import amqp
@@ -76,8 +76,20 @@ CONFIG = r"""<?xml version="1.0" encoding="UTF-8"?>
 # ------------------------------------------------------------------ broker process
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """utime + stime of a process (all its threads), in seconds; None when unknown."""
+class Cpu(NamedTuple):
+    """CPU seconds of a process: in user mode (its Python, the interpreter, libraries) and in
+    the kernel on its behalf (system calls: reads, writes, epoll; page faults)."""
+
+    user: float
+    system: float
+
+    @property
+    def total(self) -> float:
+        return self.user + self.system
+
+
+def cpu_seconds(pid: int | None) -> Cpu | None:
+    """utime and stime of a process (all its threads), in seconds; None when unknown."""
     if pid is None:
         return None
     try:
@@ -85,11 +97,14 @@ def cpu_seconds(pid: int | None) -> float | None:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return Cpu(int(fields[11]) / tick, int(fields[12]) / tick)
 
 
-def delta(before: float | None, after: float | None) -> float | None:
-    return None if before is None or after is None else after - before
+def delta(before: Cpu | None, after: Cpu | None) -> Cpu | None:
+    if before is None or after is None:
+        return None
+    return Cpu(after.user - before.user, after.system - before.system)
 
 
 def free_port() -> int:
@@ -271,9 +286,14 @@ class Result:
     size: int
     count: int
     seconds: float
-    cpu: float | None
+    cpu_split: Cpu | None
     latencies: list[float] | None = None
     note: str = ""
+
+    @property
+    def cpu(self) -> float | None:
+        """Broker CPU seconds over the phase, user + system."""
+        return None if self.cpu_split is None else self.cpu_split.total
 
     @property
     def rate(self) -> float:
@@ -281,6 +301,13 @@ class Result:
 
     def cpu_us(self) -> str:
         return "-" if self.cpu is None or not self.count else f"{self.cpu / self.count * 1e6:.1f}"
+
+    def split_us(self) -> str:
+        """user/system µs per message."""
+        if self.cpu_split is None or not self.count:
+            return "-"
+        u, s = (x / self.count * 1e6 for x in self.cpu_split)
+        return f"{u:.1f}/{s:.1f}"
 
     def pct(self, q: float) -> str:
         if not self.latencies:
@@ -459,11 +486,15 @@ def warm_up(url: str) -> None:
 
 def print_table(title: str, results: list[Result]) -> None:
     print(f"\n{title}")
-    print("| mode | body | messages | msg/s | broker CPU µs/msg | p50 ms | p99 ms | note |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        "| mode | body | messages | msg/s | broker CPU µs/msg | user/system µs/msg "
+        "| p50 ms | p99 ms | note |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
         print(
             f"| {r.mode} | {r.size} B | {r.count} | {r.rate:,.0f} | {r.cpu_us()} | "
+            f"{r.split_us()} | "
             f"{r.pct(0.50)} | {r.pct(0.99)} | {r.note} |"
         )
 
@@ -531,8 +562,8 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(r)
                     print(
                         f"  {r.mode:24s} {size:5d} B  {r.rate:10,.0f} msg/s  "
-                        f"cpu {r.cpu_us():>7s} µs/msg  p50 {r.pct(0.5)} p99 {r.pct(0.99)} ms"
-                        f"  {r.note}",
+                        f"cpu {r.cpu_us():>7s} µs/msg ({r.split_us()} user/sys)  "
+                        f"p50 {r.pct(0.5)} p99 {r.pct(0.99)} ms  {r.note}",
                         file=sys.stderr,
                         flush=True,
                     )
