@@ -49,7 +49,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def main() -> int:
         from plugbroker.server import install_signal_handlers
 
+        from plugbroker.compiled import describe
+
         log.info("event loop: %s", loop_name)
+        log.info("hot path: %s", describe())
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         try:

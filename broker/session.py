@@ -282,6 +282,8 @@ class Channel:
         else:
             props, due_wall = msg.delivery_properties(), None
         conn = self.conn
+        body = msg.body
+        assert body is not None, "a paged-out body is read back before delivery (PagedReady)"
         conn.out.append(
             conn.codec.encode_deliver(
                 self.id,
@@ -292,7 +294,7 @@ class Channel:
                 msg.routing_key.encode(),
                 msg.body_size,
                 props,
-                msg.body,
+                body,
             )
         )
         conn.want_flush()
@@ -1472,9 +1474,9 @@ class Connection:
                 ch.id, "basic.get_ok", tag, m.redelivered, m.exchange, m.routing_key, q.ready_count
             )
         )
-        self.out.append(
-            self.codec.encode_content(ch.id, m.body_size, m.delivery_properties(), m.body)
-        )
+        body = m.body
+        assert body is not None, "a paged-out body is read back before delivery (PagedReady)"
+        self.out.append(self.codec.encode_content(ch.id, m.body_size, m.delivery_properties(), body))
         self.want_flush()
         h = self.broker.hooks.message_delivered
         if h is not None:

@@ -251,7 +251,7 @@ class _Recovery:
             if body is None and m.expiration is not None and q.dlx is not None:
                 # it may expire into a dead-letter exchange from the ready list: keep its body
                 # in memory (what Queue.pageable ensures for messages added live)
-                m.body = store.read_body(q, m)  # type: ignore[assignment]  # None: still paged
+                m.body = store.read_body(q, m)  # None: still paged
             m.delivery_count = count
             m.redelivered = delivered or count > 0
             m.stored = True

@@ -138,8 +138,22 @@ class DirectExchange(Exchange):
     type = "direct"
     __slots__ = ()
 
-    def __init__(self, name: str, **kw: Any) -> None:
-        super().__init__(name, **kw)
+    def __init__(
+        self,
+        name: str,
+        *,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+        )
         self._by_key: dict[str, list[Destination]] = {}
 
     def _added(self, b: Binding) -> None:
@@ -160,8 +174,22 @@ class FanoutExchange(Exchange):
     type = "fanout"
     __slots__ = ()
 
-    def __init__(self, name: str, **kw: Any) -> None:
-        super().__init__(name, **kw)
+    def __init__(
+        self,
+        name: str,
+        *,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+        )
         self._by_key: dict[str, list[Destination]] = {"": []}
 
     def _added(self, b: Binding) -> None:
@@ -186,8 +214,22 @@ class TopicExchange(Exchange):
     __slots__ = ()
     CACHE_MAX = 4096
 
-    def __init__(self, name: str, **kw: Any) -> None:
-        super().__init__(name, **kw)
+    def __init__(
+        self,
+        name: str,
+        *,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+        )
         self._by_key: dict[str, tuple[Destination, ...]] = {}
 
     def _added(self, b: Binding) -> None:
@@ -305,8 +347,22 @@ class DelayedExchange(Exchange):
     type = DELAYED_TYPE
     __slots__ = ("inner",)
 
-    def __init__(self, name: str, **kw: Any) -> None:
-        super().__init__(name, **kw)
+    def __init__(
+        self,
+        name: str,
+        *,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+        )
         inner_type = self.arguments.get("x-delayed-type")
         cls = EXCHANGE_TYPES[inner_type] if isinstance(inner_type, str) else DirectExchange
         self.inner: Exchange = cls(name)

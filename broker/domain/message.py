@@ -70,7 +70,7 @@ class Message:
         exchange: str,
         routing_key: str,
         properties: bytes,
-        body: bytes,
+        body: bytes | None,
         body_size: int,
         arrival: float,
         timestamp: float,
@@ -84,7 +84,8 @@ class Message:
         self.exchange = exchange
         self.routing_key = routing_key
         self.properties = properties
-        self.body = body
+        #: None while the store has paged it out (plugbroker.store.sqlite.PagedReady reads it back)
+        self.body: bytes | None = body
         self.body_size = body_size
         self.persistent = delivery_mode == 2
         self.priority = priority
@@ -184,10 +185,26 @@ class Message:
         return props_codec.encode(props)
 
     def copy(self) -> Message:
-        m = Message.__new__(Message)
-        for name in Message.__slots__:
-            if name != "__weakref__":
-                setattr(m, name, getattr(self, name))
+        m = Message(
+            self.id,
+            self.exchange,
+            self.routing_key,
+            self.properties,
+            self.body,
+            self.body_size,
+            self.arrival,
+            self.timestamp,
+            priority=self.priority,
+            expiration=self.expiration,
+            headers_offset=self._hoff,
+        )
+        m.persistent = self.persistent
+        m._headers = self._headers
+        m.delivery_count = self.delivery_count
+        m.redelivered = self.redelivered
+        m.expires_at = self.expires_at
+        m.queue_name = self.queue_name
+        m.stored = self.stored
         return m
 
     def with_properties(self, props: dict[str, Any], new_id: int) -> Message:
@@ -215,3 +232,4 @@ class Message:
             f"<Message {self.id} {self.exchange!r}/{self.routing_key!r} "
             f"{self.body_size}B count={self.delivery_count}>"
         )
+

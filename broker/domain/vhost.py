@@ -57,7 +57,7 @@ log = logging.getLogger("broker.vhost")
 class NoHooks:
     """Stands in for the plugin host when no plugin is loaded: every hook is absent."""
 
-    def __getattr__(self, name: str) -> None:
+    def __getattr__(self, name: str) -> Any:  # None; Any for mypyc (a None return breaks it)
         return None
 
 

@@ -1267,7 +1267,7 @@ class SQLiteStore:
             pending = self._pageout
             for ready, m in pageouts:
                 if pending.pop(id(m), None) is not None and m.body is not None:
-                    m.body = None  # type: ignore[assignment]  # on disk; see PagedReady
+                    m.body = None  # on disk; see PagedReady
                     ready.paged += 1
         for ready, msgs, bodies in loads:
             ready.loaded(msgs, bodies)
