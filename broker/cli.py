@@ -47,9 +47,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     previous = _note_signals(early)
 
     async def main() -> int:
-        from plugbroker.server import install_signal_handlers
-
         from plugbroker.compiled import describe
+        from plugbroker.server import install_signal_handlers
 
         log.info("event loop: %s", loop_name)
         log.info("hot path: %s", describe())

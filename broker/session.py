@@ -1476,7 +1476,9 @@ class Connection:
         )
         body = m.body
         assert body is not None, "a paged-out body is read back before delivery (PagedReady)"
-        self.out.append(self.codec.encode_content(ch.id, m.body_size, m.delivery_properties(), body))
+        self.out.append(
+            self.codec.encode_content(ch.id, m.body_size, m.delivery_properties(), body)
+        )
         self.want_flush()
         h = self.broker.hooks.message_delivered
         if h is not None:

@@ -240,7 +240,7 @@ class _Recovery:
                 # body None: paged, read back before dispatch; the arrival is moved onto the
                 # monotonic clock, so the TTL runs on from the wall-clock arrival
                 arrived = now_m - max(0.0, now_w - arrival)
-                m = from_publish(mid, ex, rk, props, body, size, arrived, ts)  # type: ignore[arg-type]
+                m = from_publish(mid, ex, rk, props, body, size, arrived, ts)
             except Exception as exc:
                 log.error(
                     "store: message %d of queue '%s' is unreadable (%s); dropped", mid, q.name, exc

@@ -112,7 +112,7 @@ class Message:
         exchange: str,
         routing_key: str,
         properties: bytes,
-        body: bytes,
+        body: bytes | None,
         body_size: int,
         arrival: float,
         timestamp: float,
@@ -232,4 +232,3 @@ class Message:
             f"<Message {self.id} {self.exchange!r}/{self.routing_key!r} "
             f"{self.body_size}B count={self.delivery_count}>"
         )
-
