@@ -113,6 +113,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _tree_module(root: Path) -> str:
+    """What ``python -m`` runs for another tree on ``PYTHONPATH``: its ``plugbroker/`` package,
+    or the ``broker`` package of a tree from before the one namespace (issue 16). A checkout
+    after it keeps ``plugbroker`` in ``broker/`` and is importable only installed: ``-m
+    plugbroker`` would silently run whatever plugbroker this interpreter has, so it is refused."""
+    if (root / "plugbroker" / "__main__.py").is_file():
+        return "plugbroker"
+    main = root / "broker" / "__main__.py"
+    if main.is_file() and "plugbroker" not in main.read_text():
+        return "broker"
+    raise SystemExit(
+        f"{root}: not runnable from PYTHONPATH (its package is installed as plugbroker); "
+        "install it in a venv and pass that venv's python (compare.py --python)"
+    )
+
+
 class OwnBroker:
     """plugbroker in a subprocess on a free loopback port."""
 
@@ -163,6 +179,7 @@ class OwnBroker:
             )
         )
         self.port = free_port()
+        module = _tree_module(root) if root != ROOT else "plugbroker"
         self.log = open(self.tmp / "broker.log", "w+")
         env = dict(os.environ, PYTHONPATH=str(root))
         if loop is not None:
@@ -173,7 +190,7 @@ class OwnBroker:
                 # says (the editable install's finder): another tree needs its own
                 python or sys.executable,
                 "-m",
-                "plugbroker",
+                module,
                 "run",
                 "--config",
                 str(self.config),
