@@ -13,7 +13,7 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Callable, Container
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import plugbroker
 from plugbroker.codec import NEED_DATA, ServerCodec
@@ -836,7 +836,7 @@ class Connection:
         if isinstance(ev, MethodEvent):
             if ev.channel and self.state is OPEN:
                 # the common case (basic.ack): a channel method with a handler, connection open
-                handler = self._HANDLERS.get(type(ev))
+                handler = _HANDLERS.get(type(ev))
                 if handler is not None:
                     ch = self._open_channel(ev.channel, ev.ID, ev.NAME)
                     if ch is not None:
@@ -870,7 +870,7 @@ class Connection:
         if ev.channel == 0:
             trigger = channel_zero_trigger(type(ev))
             if self._admits(trigger, name, sig):
-                self._CONNECTION_HANDLERS[trigger](self, ev)
+                _CONNECTION_HANDLERS[trigger](self, ev)
             return
         if self.state is not OPEN and not self._admits(Trigger.CHANNEL_METHOD, name, sig):
             return
@@ -880,7 +880,7 @@ class Connection:
         ch = self._open_channel(ev.channel, sig, name)
         if ch is None:
             return
-        handler = self._HANDLERS.get(type(ev))  # type: ignore[arg-type]
+        handler = _HANDLERS.get(type(ev))  # type: ignore[arg-type]
         if handler is None:
             raise ConnectionError_(
                 COMMAND_INVALID, f"{name} is not valid on a channel from a client", sig
@@ -1990,48 +1990,50 @@ class Connection:
             self._cleanup()
             self.transport.close()
 
-    # ================================================================ dispatch tables
 
-    # Plain functions on the class, called with the connection: a per-connection table of bound
-    # methods would make every connection a reference cycle, freed only by the cycle collector
-    # (whose full passes pause the loop for as long as the heap is big), not when it closes.
-    # Each handler takes the event class it is filed under; a mapping cannot say that per key,
-    # hence Any for the event argument.
-    _HANDLERS: ClassVar[dict[type[MethodEvent], Callable[[Connection, Channel, Any], None]]] = {
-        ChannelFlow: _channel_flow,
-        ChannelClose: _channel_close,
-        ChannelCloseOk: _channel_close_ok,
-        ExchangeDeclare: _exchange_declare,
-        ExchangeDelete: _exchange_delete,
-        ExchangeBind: _exchange_bind,
-        ExchangeUnbind: _exchange_unbind,
-        QueueDeclare: _queue_declare,
-        QueueBind: _queue_bind,
-        QueueUnbind: _queue_unbind,
-        QueuePurge: _queue_purge,
-        QueueDelete: _queue_delete,
-        BasicQos: _basic_qos,
-        BasicConsume: _basic_consume,
-        BasicCancel: _basic_cancel,
-        BasicGet: _basic_get,
-        BasicAck: _basic_ack,
-        BasicReject: _basic_reject,
-        BasicNack: _basic_nack,
-        BasicRecover: _basic_recover,
-        BasicRecoverAsync: _basic_recover_async,
-        ConfirmSelect: _confirm_select,
-        TxSelect: _tx_select,
-        TxCommit: _tx_commit,
-        TxRollback: _tx_rollback,
-    }
-    _CONNECTION_HANDLERS: ClassVar[dict[Trigger, Callable[[Connection, Any], None]]] = {
-        Trigger.START_OK: _start_ok,
-        Trigger.TUNE_OK: _tune_ok,
-        Trigger.OPEN: _open,
-        Trigger.CLOSE: _client_close,
-        Trigger.CLOSE_OK: _client_close_ok,
-        Trigger.UPDATE_SECRET: _update_secret,
-    }
+# ================================================================ dispatch tables
+
+# The connection's methods taken from the class, called with the connection: a per-connection
+# table of bound methods would make every connection a reference cycle, freed only by the cycle
+# collector (whose full passes pause the loop for as long as the heap is big), not when it
+# closes. Each handler takes the event class it is filed under; a mapping cannot say that per
+# key, hence Any for the event argument. Module-level, after the class: a class compiled by
+# mypyc (docs/operations.md#the-compiled-build) has no method names to read in its own body.
+_HANDLERS: dict[type[MethodEvent], Callable[[Connection, Channel, Any], None]] = {
+    ChannelFlow: Connection._channel_flow,
+    ChannelClose: Connection._channel_close,
+    ChannelCloseOk: Connection._channel_close_ok,
+    ExchangeDeclare: Connection._exchange_declare,
+    ExchangeDelete: Connection._exchange_delete,
+    ExchangeBind: Connection._exchange_bind,
+    ExchangeUnbind: Connection._exchange_unbind,
+    QueueDeclare: Connection._queue_declare,
+    QueueBind: Connection._queue_bind,
+    QueueUnbind: Connection._queue_unbind,
+    QueuePurge: Connection._queue_purge,
+    QueueDelete: Connection._queue_delete,
+    BasicQos: Connection._basic_qos,
+    BasicConsume: Connection._basic_consume,
+    BasicCancel: Connection._basic_cancel,
+    BasicGet: Connection._basic_get,
+    BasicAck: Connection._basic_ack,
+    BasicReject: Connection._basic_reject,
+    BasicNack: Connection._basic_nack,
+    BasicRecover: Connection._basic_recover,
+    BasicRecoverAsync: Connection._basic_recover_async,
+    ConfirmSelect: Connection._confirm_select,
+    TxSelect: Connection._tx_select,
+    TxCommit: Connection._tx_commit,
+    TxRollback: Connection._tx_rollback,
+}
+_CONNECTION_HANDLERS: dict[Trigger, Callable[[Connection, Any], None]] = {
+    Trigger.START_OK: Connection._start_ok,
+    Trigger.TUNE_OK: Connection._tune_ok,
+    Trigger.OPEN: Connection._open,
+    Trigger.CLOSE: Connection._client_close,
+    Trigger.CLOSE_OK: Connection._client_close_ok,
+    Trigger.UPDATE_SECRET: Connection._update_secret,
+}
 
 
 __all__ = [

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from rawclient import decode_method, method_frame, parse_frames, plain_response
 
+from plugbroker import session
 from plugbroker.app import Broker
 from plugbroker.clock import ManualClock
 from plugbroker.codec import events as ev
@@ -500,8 +501,7 @@ def test_a_server_only_method_on_a_channel_is_503_not_valid_from_a_client() -> N
 
 
 def test_every_client_method_has_a_place_in_the_session() -> None:
-    conn = World().conn
-    handled = set(conn._HANDLERS) | set(CONNECTION_METHODS) | {ev.ChannelOpen, ev.Publish}
+    handled = set(session._HANDLERS) | set(CONNECTION_METHODS) | {ev.ChannelOpen, ev.Publish}
     assert handled == set(ev.CLIENT_METHODS)
 
 
