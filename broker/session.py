@@ -667,11 +667,11 @@ class Connection:
         while self.state is not CLOSED:
             try:
                 ev = codec.next_event()
-            except ConnectionError_ as e:
-                self.connection_error(e)
+            except ConnectionError_ as conn_err:
+                self.connection_error(conn_err)
                 return
-            except ChannelError as e:
-                self.channel_error(e.channel, e)
+            except ChannelError as ch_err:
+                self.channel_error(ch_err.channel, ch_err)
                 continue
             except Exception:
                 log.exception("connection %s: internal error reading its frames", self.id)
@@ -683,10 +683,10 @@ class Connection:
                 break
             try:
                 self.handle(ev)  # type: ignore[arg-type]
-            except ChannelError as e:
-                self.channel_error(getattr(ev, "channel", 0), e)
-            except ConnectionError_ as e:
-                self.connection_error(e)
+            except ChannelError as ch_err:
+                self.channel_error(getattr(ev, "channel", 0), ch_err)
+            except ConnectionError_ as conn_err:
+                self.connection_error(conn_err)
                 return
             except Exception:
                 log.exception("connection %s: internal error handling %r", self.id, ev)
@@ -1739,8 +1739,10 @@ class Connection:
         try:
             try:
                 h = request.headers if request._hoff >= 0 else {}
-            except PropertiesError as exc:
-                raise fate.RetryRefused(str(exc)) from None
+            except PropertiesError as bad:
+                # (a name of its own: mypyc types one name once per function, and the handler
+                # below binds a RetryRefused)
+                raise fate.RetryRefused(str(bad)) from None
             chan_id = h.get("x-reconsume-channel")
             tag = h.get("x-reconsume-tag")
             if not _is_int(chan_id) or not _is_int(tag):
