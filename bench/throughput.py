@@ -179,7 +179,8 @@ class OwnBroker:
             )
         )
         self.port = free_port()
-        module = _tree_module(root) if root != ROOT else "plugbroker"
+        # with its own interpreter a tree is the one installed there; without, PYTHONPATH picks it
+        module = _tree_module(root) if root != ROOT and python is None else "plugbroker"
         self.log = open(self.tmp / "broker.log", "w+")
         env = dict(os.environ, PYTHONPATH=str(root))
         if loop is not None:
