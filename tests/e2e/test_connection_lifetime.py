@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import amqp
@@ -43,15 +43,18 @@ def no_cycle_collector() -> Iterator[None]:
         gc.enable()
 
 
-def _server_side(b: Any, act: Callable[[], Any]) -> tuple[Any, list[weakref.ref[Any]]]:
-    """Run ``act`` (which opens connections) and return its result and weak references to
-    the broker's connections it opened."""
-    before = set(b.call(lambda: list(b.broker.connections)))
-    result = act()
-    refs = b.call(
-        lambda: [weakref.ref(c) for cid, c in b.broker.connections.items() if cid not in before]
-    )
-    return result, refs
+def _record_opened(b: Any) -> list[weakref.ref[Any]]:
+    """From now on, a weak reference to every connection the broker opens (taken as it opens:
+    one the broker closes at once, such as a 502, would be gone before a later look)."""
+    refs: list[weakref.ref[Any]] = []
+    opened = b.broker.connection_opened
+
+    def record(conn: Any) -> None:
+        refs.append(weakref.ref(conn))
+        opened(conn)
+
+    b.broker.connection_opened = record
+    return refs
 
 
 def _wait_freed(b: Any, refs: list[weakref.ref[Any]], timeout: float = 5.0) -> list[str]:
@@ -122,26 +125,20 @@ def test_connections_are_freed_when_they_close_however_they_close(
             bch.basic_publish(amqp.Message(b"b", delivery_mode=2), "", "bystander", timeout=5)
             sent += 1
 
-    refs: list[weakref.ref[Any]] = []
+    refs = _record_opened(b)
     for _ in range(5):
-        conns, r = _server_side(b, lambda: [_clean_close(b), _channel_error(b)])
-        refs += r
-        for c in conns:
+        for c in [_clean_close(b), _channel_error(b)]:
             c.close()
         bystander_publishes()
 
-        c, r = _server_side(b, lambda: _connection_error(b))
-        refs += r
+        c = _connection_error(b)
         c.collect()  # the broker closed it: drop the socket without a close of our own
 
-        raw, r = _server_side(b, lambda: _raw_open(b))
-        refs += r
-        with raw:
+        with _raw_open(b) as raw:
             raw.send(publish_frames(1, "", "work", b"deep", deep_header_properties(700)))
             assert raw.expect_connection_close()[0] == 502
 
-        dropped, r = _server_side(b, lambda: connect(b))
-        refs += r
+        dropped = connect(b)
         dropped.channel().basic_consume("work", callback=lambda m: None)
         dropped.sock.close()  # gone without a word, a consumer with a delivery left behind
         bystander_publishes()
