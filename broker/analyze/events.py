@@ -136,6 +136,17 @@ def read_events(spark: Any, journal: str | Path) -> Any:
     return df.withColumn("due", due.cast("double"))
 
 
+def span(events: Any) -> tuple[float, float]:
+    """The journal's first and last event time (seconds), from its one numeric ``ts_us`` column
+    (no string is decoded: a fraction of a full pass)."""
+    from pyspark.sql import functions as F
+
+    row = events.agg(F.min("ts_us"), F.max("ts_us")).collect()[0]
+    if row[0] is None:
+        raise JournalError("the journal holds no events")
+    return row[0] / 1e6, row[1] / 1e6
+
+
 def runs(events: Any) -> Any:
     """One row per journal run: ``run``, ``run_start``, ``run_end`` (seconds)."""
     from pyspark.sql import functions as F
@@ -194,8 +205,34 @@ def consumer_id(conn: Any = "connection_id", tag: Any = "consumer_tag") -> Any:
     )
 
 
+def queue_key(vhost: Any = "vhost", queue: Any = "queue") -> Any:
+    """A queue's identity as one 64-bit number (its vhost and name hashed): the per-message
+    frames group and join on it, not on two strings, which halves the cost of their one big
+    shuffle. :func:`queue_names` maps it back."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(
+        F.col(vhost) if isinstance(vhost, str) else vhost,
+        F.col(queue) if isinstance(queue, str) else queue,
+    )
+
+
+def queue_names(df: Any) -> Any:
+    """``q`` (:func:`queue_key`), ``vhost`` and ``queue`` of every queue named in ``df`` (the
+    journal, or anything smaller with ``vhost`` and ``queue`` columns)."""
+    from pyspark.sql import functions as F
+
+    return (
+        df.where(F.col("queue").isNotNull())
+        .select("vhost", "queue")
+        .distinct()
+        .select(queue_key().alias("q"), "vhost", "queue")
+    )
+
+
 def message_facts(events: Any) -> Any:
-    """One row per (vhost, queue, message_id) from one shuffle of the journal, numbers only.
+    """One row per queue (``q``, :func:`queue_key`) and ``message_id``, from one shuffle of the
+    journal, numbers only.
 
     Carries what the lifecycle needs (arrival, removal, last sighting, size, deliveries) and the
     single delivery and settlement of the common case (delivered once, acked or rejected once on
@@ -217,7 +254,7 @@ def message_facts(events: Any) -> Any:
         ev.isin(*MESSAGE_EVENTS) & F.col("message_id").isNotNull() & F.col("queue").isNotNull()
     )
     return (
-        m.groupBy("vhost", "queue", "message_id")
+        m.groupBy(queue_key().alias("q"), "message_id")
         .agg(
             F.min(F.when(ev.isin("published", "enqueued"), ts)).alias("published_at"),
             F.min(ts).alias("first_seen"),
@@ -238,31 +275,34 @@ def message_facts(events: Any) -> Any:
     )
 
 
-def lifecycles(facts: Any, events: Any, run_table: Any) -> Any:
-    """Per message and queue: ``arrival``, ``end`` (:data:`NEVER` if still held at the end).
+def lifecycles(facts: Any, events: Any, run_table: Any, deleted: Any = None) -> Any:
+    """Per message and queue (``q``): ``arrival``, ``end`` (:data:`NEVER` if still held at the
+    end).
 
     A message leaves when it is acked, dead-lettered, dropped, expired, settled at a no-ack
     delivery or rejected without requeue; when its queue is deleted; or, if neither, when the
     broker run it was last seen in ended (unless that is the journal's last run: a message that
     survived a restart reappears in the next run's opening inventory).
+
+    ``deleted``: the journal's ``queue_deleted`` events (``vhost``, ``queue``, ``ts``) if the
+    caller already has them (the report reads its rare events in one pass), else read from
+    ``events``.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
-    dels = events.where(F.col("event") == "queue_deleted").select(
-        "vhost", "queue", F.col("ts").alias("del")
-    )
-    w = Window.partitionBy("vhost", "queue").orderBy("del")
+    if deleted is None:
+        deleted = events.where(F.col("event") == "queue_deleted")
+    dels = deleted.select(queue_key().alias("d_q"), F.col("ts").alias("del"))
+    w = Window.partitionBy("d_q").orderBy("del")
     intervals = dels.withColumn("del_from", F.lag("del").over(w)).select(
-        F.col("vhost").alias("d_vhost"),
-        F.col("queue").alias("d_queue"),
+        "d_q",
         F.coalesce("del_from", F.lit(-1.0)).alias("del_from"),
         F.col("del").alias("deleted_at"),
     )
     joined = facts.join(
         F.broadcast(intervals),
-        (F.col("vhost") == F.col("d_vhost"))
-        & (F.col("queue") == F.col("d_queue"))
+        (F.col("q") == F.col("d_q"))
         & (F.col("arrival") > F.col("del_from"))
         & (F.col("arrival") <= F.col("deleted_at")),
         "left",
@@ -281,8 +321,7 @@ def lifecycles(facts: Any, events: Any, run_table: Any) -> Any:
         F.coalesce("r_end", F.lit(NEVER)),
     )
     return joined.select(
-        "vhost",
-        "queue",
+        "q",
         "message_id",
         "arrival",
         end.alias("end"),
@@ -295,7 +334,8 @@ def lifecycles(facts: Any, events: Any, run_table: Any) -> Any:
 def settlements(events: Any, facts: Any) -> Any:
     """Acks and rejects paired with the delivery each settles: ``latency`` = processing time.
 
-    Columns: vhost, queue, message_id, consumer (:func:`consumer_id` of the settling consumer),
+    Columns: q (:func:`queue_key`), message_id, consumer (:func:`consumer_id` of the settling
+    consumer),
     kind (``acked``/``rejected``), delivered_at, settled_at, latency (seconds).
 
     The common case (one delivery and one settlement on the same channel) comes straight from
@@ -313,8 +353,7 @@ def settlements(events: Any, facts: Any) -> Any:
         & (F.col("settled_at") >= F.col("delivered_at"))
     )
     simple = facts.where(simple_cond).select(
-        "vhost",
-        "queue",
+        "q",
         "message_id",
         F.col("settled_by").alias("consumer"),
         F.when(F.col("settle_kind") == 2, "acked").otherwise("rejected").alias("kind"),
@@ -324,16 +363,18 @@ def settlements(events: Any, facts: Any) -> Any:
     )
     hard = facts.where(
         ~simple_cond & (F.col("deliveries") >= 1) & (F.col("settlements") >= 1)
-    ).select("vhost", "queue", "message_id")
+    ).select("q", "message_id")
     ev = F.col("event")
     d = events.where(
         ((ev == "delivered") & ~F.coalesce(F.col("no_ack"), F.lit(False)))
         | ev.isin("acked", "rejected")
     )
-    d = d.where(F.col("message_id").isNotNull()).join(
-        hard, ["vhost", "queue", "message_id"], "left_semi"
+    d = (
+        d.where(F.col("message_id").isNotNull() & F.col("queue").isNotNull())
+        .withColumn("q", queue_key())
+        .join(broadcast_if_small(hard), ["q", "message_id"], "left_semi")
     )
-    key = ["vhost", "queue", "message_id", "connection_id", "channel_id"]
+    key = ["q", "message_id", "connection_id", "channel_id"]
     w = (
         Window.partitionBy(*key)
         .orderBy("run", "seq")
@@ -354,8 +395,7 @@ def settlements(events: Any, facts: Any) -> Any:
     complex_ = paired.where(
         ev.isin("acked", "rejected") & F.col("delivered_at").isNotNull()
     ).select(
-        "vhost",
-        "queue",
+        "q",
         "message_id",
         consumer_id(F.col("connection_id"), F.coalesce("consumer_tag", "delivered_tag")).alias(
             "consumer"
@@ -366,6 +406,18 @@ def settlements(events: Any, facts: Any) -> Any:
         F.greatest(F.col("ts") - F.col("delivered_at"), F.lit(0.0)).alias("latency"),
     )
     return simple.unionByName(complex_)
+
+
+#: the most rows :func:`broadcast_if_small` sends to every task (a few tens of MB of keys)
+BROADCAST_ROWS = 1_000_000
+
+
+def broadcast_if_small(df: Any, limit: int = BROADCAST_ROWS) -> Any:
+    """``df`` marked for a broadcast join when it has at most ``limit`` rows (counted: Spark's
+    size estimate of a filtered table is its whole input, so it would shuffle both sides)."""
+    from pyspark.sql import functions as F
+
+    return F.broadcast(df) if df.count() <= limit else df
 
 
 def latency_bucket(col: Any) -> Any:
@@ -393,46 +445,42 @@ def _bucket(c: Any, t0: float, step: float) -> Any:
     return F.floor((c - F.lit(t0)) / F.lit(step)).cast("long")
 
 
-#: the events :func:`bucket_counts` keeps: a queue's message events and its consumers' lifecycle
-COUNTED_EVENTS = MESSAGE_EVENTS + ("consumer_added", "consumer_isolated")
-
-
 def bucket_counts(events: Any, t0: float, step: float) -> Any:
-    """The message events (and ``consumer_added``/``consumer_isolated``) of every queue counted
-    per (vhost, queue, connection_id, consumer_tag, bucket, event), in one pass over the journal:
-    ``n``, ``requeued`` (rejects with requeue), ``no_ack`` and ``prefetch`` (the largest
-    ``no_ack`` and ``count``), ``first_ts``, ``last_ts``.
+    """Every event of the journal counted per (run, vhost, queue, connection_id, consumer_tag,
+    bucket, event), in one pass: ``n``, ``requeued`` (rejects with requeue), ``no_ack`` and
+    ``prefetch`` (the largest ``no_ack`` and ``count``), ``first_ts``, ``last_ts``, ``dropped``
+    (the ``count`` of ``journal_dropped`` events) and ``version`` (the largest schema version).
 
-    Small (queues x consumers x buckets x event kinds), so :func:`backlog_series` (counts per
-    queue and bucket) and the report's per-consumer figures both read it instead of scanning
-    the journal again.
+    Small (runs x queues x consumers x buckets x event kinds), so the overview (counts per run
+    and event), :func:`backlog_series` (counts per queue and bucket) and the report's
+    per-consumer figures all read it instead of scanning the journal again.
     """
     from pyspark.sql import functions as F
 
     ev = F.col("event")
-    return (
-        events.where(F.col("queue").isNotNull() & ev.isin(*COUNTED_EVENTS))
-        .groupBy(
-            "vhost",
-            "queue",
-            "connection_id",
-            "consumer_tag",
-            _bucket(F.col("ts"), t0, step).alias("bucket"),
-            "event",
-        )
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.sum(F.when((ev == "rejected") & F.col("requeue"), 1).otherwise(0)).alias("requeued"),
-            F.max("no_ack").alias("no_ack"),
-            F.max("count").alias("prefetch"),
-            F.min("ts").alias("first_ts"),
-            F.max("ts").alias("last_ts"),
-        )
+    return events.groupBy(
+        "run",
+        "vhost",
+        "queue",
+        "connection_id",
+        "consumer_tag",
+        _bucket(F.col("ts"), t0, step).alias("bucket"),
+        "event",
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum(F.when((ev == "rejected") & F.col("requeue"), 1).otherwise(0)).alias("requeued"),
+        F.max("no_ack").alias("no_ack"),
+        F.max("count").alias("prefetch"),
+        F.min("ts").alias("first_ts"),
+        F.max("ts").alias("last_ts"),
+        F.sum(F.when(ev == "journal_dropped", F.col("count"))).alias("dropped"),
+        F.max("schema_version").alias("version"),
     )
 
 
 def backlog_series(events: Any, life: Any, t0: float, step: float, counts: Any = None) -> Any:
-    """Per (vhost, queue, bucket): counts of each event in the bucket, and at the bucket's end the
+    """Per queue (``q``, :func:`queue_key`) and bucket: counts of each event in the bucket, and
+    at the bucket's end the
     messages and bytes held and the age of the oldest. Sparse: only buckets where something
     happened to the queue appear (the figures carry over unchanged in between, except the age,
     which grows).
@@ -451,8 +499,7 @@ def backlog_series(events: Any, life: Any, t0: float, step: float, counts: Any =
     # each message is +1 in its arrival bucket and -1 in its end bucket; the minimum arrival of
     # the messages ending in a bucket gives the oldest message alive (see below)
     steps = life.select(
-        "vhost",
-        "queue",
+        "q",
         F.explode(
             F.array(
                 F.struct(
@@ -469,44 +516,37 @@ def backlog_series(events: Any, life: Any, t0: float, step: float, counts: Any =
                 ),
             )
         ).alias("s"),
-    ).select("vhost", "queue", "s.*")
-    deltas = steps.groupBy("vhost", "queue", "bucket").agg(
+    ).select("q", "s.*")
+    deltas = steps.groupBy("q", "bucket").agg(
         F.sum("dn").alias("dn"), F.sum("db").alias("db"), F.min("arr").alias("min_arrival_ending")
     )
     ev = F.col("event")
     if counts is None:
         counts = (
             events.where(F.col("queue").isNotNull() & ev.isin(*MESSAGE_EVENTS))
-            .groupBy("vhost", "queue", bucket(F.col("ts")).alias("bucket"))
+            .groupBy(queue_key().alias("q"), bucket(F.col("ts")).alias("bucket"))
             .agg(*[F.sum((ev == e).cast("long")).alias(e) for e in MESSAGE_EVENTS])
         )
     else:
         counts = (
-            counts.where(ev.isin(*MESSAGE_EVENTS))
-            .groupBy("vhost", "queue", "bucket")
+            counts.where(F.col("queue").isNotNull() & ev.isin(*MESSAGE_EVENTS))
+            .groupBy(queue_key().alias("q"), "bucket")
             .agg(
                 *[F.sum(F.when(ev == e, F.col("n")).otherwise(0)).alias(e) for e in MESSAGE_EVENTS]
             )
         )
-    rows = deltas.join(counts, ["vhost", "queue", "bucket"], "full").na.fill(
-        0, ["dn", "db", *MESSAGE_EVENTS]
-    )
+    rows = deltas.join(counts, ["q", "bucket"], "full").na.fill(0, ["dn", "db", *MESSAGE_EVENTS])
     upto = (
-        Window.partitionBy("vhost", "queue")
+        Window.partitionBy("q")
         .orderBy("bucket")
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    after = (
-        Window.partitionBy("vhost", "queue")
-        .orderBy("bucket")
-        .rowsBetween(1, Window.unboundedFollowing)
-    )
+    after = Window.partitionBy("q").orderBy("bucket").rowsBetween(1, Window.unboundedFollowing)
     t_end = F.lit(t0) + (F.col("bucket") + 1) * F.lit(step)
     # the oldest message held at the end of bucket b is the earliest arrival among messages
     # that end after b; if that arrival is after the bucket's end, nothing is held
     series = rows.select(
-        "vhost",
-        "queue",
+        "q",
         "bucket",
         *MESSAGE_EVENTS,
         F.sum("dn").over(upto).alias("messages"),

@@ -46,6 +46,7 @@ from plugbroker.analyze.events import (
     lifecycles,
     message_facts,
     nice_step,
+    queue_names,
     read_events,
     runs,
     settlements,
@@ -181,12 +182,13 @@ def recommend(
         progress.step("processing times")
         facts = work.materialize(message_facts(events), "facts")
         pairs = settlements(events, facts).where(F.col("kind") == "acked")
+        names = {r["q"]: (r["vhost"], r["queue"]) for r in queue_names(events).collect()}
         lat = {
-            (r["vhost"], r["queue"]): r
-            for r in pairs.groupBy("vhost", "queue")
+            names[r["q"]]: r
+            for r in pairs.groupBy("q")
             .agg(
                 F.count(F.lit(1)).alias("n"),
-                F.percentile_approx("latency", [0.5, 0.99, 0.999], 10000).alias("q"),
+                F.percentile_approx("latency", [0.5, 0.99, 0.999], 10000).alias("pct"),
                 F.max("latency").alias("max"),
             )
             .collect()
@@ -196,8 +198,8 @@ def recommend(
         life = lifecycles(facts, events, run_table)
         series = backlog_series(events, life, t0, step)
         backlog = {
-            (r["vhost"], r["queue"]): r
-            for r in series.groupBy("vhost", "queue")
+            names[r["q"]]: r
+            for r in series.groupBy("q")
             .agg(
                 F.max("messages").alias("messages"),
                 F.max("bytes").alias("bytes"),
@@ -269,7 +271,7 @@ def recommend(
         f = QueueFigures(vhost=key[0], queue=key[1])
         if la is not None:
             f.acked = int(la["n"])
-            f.p50, f.p99, f.p999 = (float(x) for x in la["q"])
+            f.p50, f.p99, f.p999 = (float(x) for x in la["pct"])
             f.latency_max = float(la["max"])
         if bl is not None:
             f.max_messages = int(bl["messages"] or 0)

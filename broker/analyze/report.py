@@ -37,8 +37,11 @@ from plugbroker.analyze.events import (
     lifecycles,
     message_facts,
     nice_step,
+    queue_key,
+    queue_names,
     read_events,
     settlements,
+    span,
 )
 from plugbroker.analyze.htmlreport import subscription_label
 from plugbroker.analyze.spark import Progress, Scratch, get_spark
@@ -52,7 +55,7 @@ TABLES = (
     "redeliveries",
     "policy_actions",
 )
-STEPS = 10
+STEPS = 11
 FATE_EVENTS = ("dead_lettered", "dropped", "redelivered")
 FATE_SCHEMA = pa.schema(
     [
@@ -64,6 +67,8 @@ FATE_SCHEMA = pa.schema(
     ]
 )
 ACTION_EVENTS = ("policy_action", "consumer_isolated", "consumer_released")
+#: the events the report reads row by row, in one pass (the rest it only counts)
+RARE_EVENTS = (*FATE_EVENTS, *ACTION_EVENTS, "queue_bound", "queue_deleted", "consumer_removed")
 #: the policy_actions table's columns
 ACTION_COLUMNS = (
     "ts",
@@ -128,60 +133,74 @@ def report(
 
     progress.step(f"reading {journal}")
     events = read_events(spark, journal)
-    overview, run_rows = _overview(events)
-    run_table = spark.createDataFrame(
-        [(r["run"], r["run_start"], r["run_end"], r["last"]) for r in run_rows],
-        "run string, run_start double, run_end double, last boolean",
-    )
-    t0, t1 = overview["start"], overview["end"]
+    t0, t1 = span(events)
     step = nice_step(max(t1 - t0, 1e-3), buckets)
-    overview["bucket_seconds"] = step
-    progress.say(
-        f"  {overview['events']:,} events, {len(run_rows)} run(s), "
-        f"{t1 - t0:.1f} s of traffic, buckets of {step:g} s"
-    )
 
     with Scratch(spark, scratch) as work:
-        progress.step("message lifecycles, backlog and oldest-message age over time")
+        progress.step("counting events per queue, consumer and time bucket")
+        # one pass over the journal: the overview, the series' event counts and the consumers'
+        # figures all come out of these counts
         counts = work.materialize(bucket_counts(events, t0, step), "counts")
-        facts = work.materialize(message_facts(events), "facts")
-        life = lifecycles(facts, events, run_table)
-        series = (
-            backlog_series(events, life, t0, step, counts)
-            .orderBy("vhost", "queue", "bucket")
+        overview, run_rows = _overview(counts)
+        overview["bucket_seconds"] = step
+        progress.say(
+            f"  {overview['events']:,} events, {len(run_rows)} run(s), "
+            f"{t1 - t0:.1f} s of traffic, buckets of {step:g} s"
+        )
+        # the rare events, in one more pass; grouped and sorted here on the driver
+        rare = (
+            events.where(F.col("event").isin(*RARE_EVENTS))
+            .select("run", "seq", "exchange", "routing_key", *ACTION_COLUMNS)
             .toArrow()
+        )
+        kind = rare.column("event")
+
+        progress.step("message lifecycles, backlog and oldest-message age over time")
+        run_table = spark.createDataFrame(
+            [(r["run"], r["run_start"], r["run_end"], r["last"]) for r in run_rows],
+            "run string, run_start double, run_end double, last boolean",
+        )
+        deleted = spark.createDataFrame(
+            rare.filter(pc.equal(kind, "queue_deleted")).select(["vhost", "queue", "ts"])
+        )
+        names = _names(counts)
+        facts = work.materialize(message_facts(events), "facts")
+        life = lifecycles(facts, events, run_table, deleted)
+        series = _sorted(
+            _named(backlog_series(events, life, t0, step, counts).toArrow(), names),
+            "vhost",
+            "queue",
+            "bucket",
         )
 
         progress.step("pairing deliveries with acks (processing time)")
         pairs = work.materialize(settlements(events, facts), "pairs")
         acked = pairs.where(F.col("kind") == "acked")
-        lat_q = acked.groupBy("vhost", "queue").agg(*_latency_aggs()).toArrow()
+        lat_q = _named(acked.groupBy("q").agg(*_latency_aggs()).toArrow(), names)
 
         progress.step("per-queue figures")
         queues = _queues(series, lat_q, t0, step)
 
         progress.step("per-consumer figures")
-        consumers = _consumers(counts, events, pairs).toArrow()
+        consumers = _consumers(counts, _removed(spark, rare), pairs)
 
         progress.step("processing-time distribution")
-        hist = (
-            acked.groupBy("vhost", "queue", latency_bucket(F.col("latency")).alias("bucket"))
-            .count()
-            .withColumn("label", _label_col(F.col("bucket")))
-            .withColumn("upper_s", _upper_col(F.col("bucket")))
-            .orderBy("vhost", "queue", "bucket")
-            .toArrow()
+        hist = _sorted(
+            _named(
+                acked.groupBy("q", latency_bucket(F.col("latency")).alias("bucket"))
+                .count()
+                .withColumn("label", _label_col(F.col("bucket")))
+                .withColumn("upper_s", _upper_col(F.col("bucket")))
+                .toArrow(),
+                names,
+            ),
+            "vhost",
+            "queue",
+            "bucket",
         )
         overview["latency"] = acked.agg(*_latency_aggs()).collect()[0].asDict()
 
     progress.step("dead letters, drops and redeliveries by reason")
-    # the rare events, in one pass over the journal; grouped and sorted here on the driver
-    rare = (
-        events.where(F.col("event").isin(*FATE_EVENTS, *ACTION_EVENTS, "queue_bound"))
-        .select("run", "seq", "exchange", "routing_key", *ACTION_COLUMNS)
-        .toArrow()
-    )
-    kind = rare.column("event")
     fate = (
         rare.filter(pc.is_in(kind, value_set=pa.array(FATE_EVENTS)))
         .group_by(["vhost", "queue", "event", "reason"], use_threads=False)
@@ -190,20 +209,7 @@ def report(
         .cast(FATE_SCHEMA)
     )
     # as Spark orders: the most frequent first, then by vhost and queue, a missing one first
-    fate = (
-        fate.append_column("_v", pc.is_valid(fate.column("vhost")))
-        .append_column("_q", pc.is_valid(fate.column("queue")))
-        .sort_by(
-            [
-                ("count", "descending"),
-                ("_v", "ascending"),
-                ("vhost", "ascending"),
-                ("_q", "ascending"),
-                ("queue", "ascending"),
-            ]
-        )
-        .drop_columns(["_v", "_q"])
-    )
+    fate = _sorted(fate, ("count", "descending"), "vhost", "queue")
     is_redel = pc.equal(fate.column("event"), "redelivered")
     dead = fate.filter(pc.invert(is_redel)).rename_columns(
         ["vhost", "queue", "outcome", "reason", "count"]
@@ -394,18 +400,18 @@ def _upper_col(c: Any) -> Any:
     return F.element_at(uppers, c + 1)
 
 
-def _overview(events: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Event counts, time span, drops and runs, in one pass over the journal."""
+def _overview(counts: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Event counts, time span, drops and runs, from :func:`bucket_counts`."""
     from pyspark.sql import functions as F
 
     rows = (
-        events.groupBy("run", "event")
+        counts.groupBy("run", "event")
         .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.min("ts").alias("start"),
-            F.max("ts").alias("end"),
-            F.sum(F.when(F.col("event") == "journal_dropped", F.col("count"))).alias("dropped"),
-            F.max("schema_version").alias("version"),
+            F.sum("n").alias("n"),
+            F.min("first_ts").alias("start"),
+            F.max("last_ts").alias("end"),
+            F.sum("dropped").alias("dropped"),
+            F.max("version").alias("version"),
         )
         .collect()
     )
@@ -438,9 +444,60 @@ def _overview(events: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return overview, runs_
 
 
-def _consumers(bucketed: Any, events: Any, pairs: Any) -> Any:
-    """Per consumer, from :func:`~plugbroker.analyze.events.bucket_counts` (``bucketed``), the
-    journal's ``consumer_removed`` events and the paired settlements."""
+def _names(counts: Any) -> pa.Table:
+    """``q`` (:func:`~plugbroker.analyze.events.queue_key`), ``vhost`` and ``queue`` of every
+    queue in the journal, from its counts; refused if two names share a key (a 64-bit hash:
+    about one chance in 10^11 for a journal of ten thousand queues)."""
+    names = queue_names(counts).toArrow()
+    if pc.count_distinct(names.column("q")).as_py() != names.num_rows:
+        from plugbroker.analyze.events import JournalError
+
+        raise JournalError("two queue names of this journal hash to the same 64-bit key")
+    return names
+
+
+def _named(tbl: pa.Table, names: pa.Table) -> pa.Table:
+    """``tbl`` keyed by ``q`` with the queue's ``vhost`` and ``queue`` in its place (first)."""
+    joined = tbl.join(names, "q", join_type="inner")
+    return joined.select(["vhost", "queue", *(c for c in tbl.column_names if c != "q")])
+
+
+def _sorted(tbl: pa.Table, *keys: str | tuple[str, str]) -> pa.Table:
+    """``tbl`` sorted by ``keys`` (a name for ascending, or ``(name, "descending")``), a missing
+    value first, as Spark's ``orderBy`` does. Small results are sorted here: a Spark sort would
+    run its whole plan twice (once to sample the range boundaries)."""
+    order: list[tuple[str, str]] = []
+    for i, key in enumerate(keys):
+        name, direction = (key, "ascending") if isinstance(key, str) else key
+        flag = f"_valid{i}"
+        tbl = tbl.append_column(flag, pc.is_valid(tbl.column(name)))
+        order += [(flag, "ascending"), (name, direction)]
+    return tbl.sort_by(order).drop_columns([f"_valid{i}" for i in range(len(keys))])
+
+
+def _removed(spark: Any, rare: pa.Table) -> Any:
+    """Per consumer, when it was last removed and why, from the rare events (a DataFrame)."""
+    key = ["vhost", "queue", "connection_id", "consumer_tag"]
+    rem = (
+        rare.filter(pc.equal(rare.column("event"), "consumer_removed"))
+        .select([*key, "reason", "ts"])
+        .sort_by([("ts", "ascending")])
+    )
+    last = pc.ScalarAggregateOptions(skip_nulls=False)
+    got = rem.group_by(key, use_threads=False).aggregate([("reason", "last", last), ("ts", "max")])
+    table = pa.table(
+        {
+            **{k: got.column(k) for k in key},
+            "removed_reason": got.column("reason_last"),
+            "removed_ts": got.column("ts_max"),
+        }
+    )
+    return spark.createDataFrame(table)
+
+
+def _consumers(bucketed: Any, removed: Any, pairs: Any) -> pa.Table:
+    """Per consumer, from :func:`~plugbroker.analyze.events.bucket_counts` (``bucketed``), when
+    each was removed (:func:`_removed`) and the paired settlements."""
     from pyspark.sql import functions as F
 
     ev = F.col("event")
@@ -468,20 +525,12 @@ def _consumers(bucketed: Any, events: Any, pairs: Any) -> Any:
             F.max(F.when(ev.isin("acked", "rejected"), F.col("last_ts"))).alias("last_ack_ts"),
         )
         .withColumn("consumer", consumer_id())
+        .withColumn("q", queue_key())
     )
-    removed = (
-        events.where(ev == "consumer_removed")
-        .groupBy(*key)
-        .agg(F.max_by("reason", "ts").alias("removed_reason"), F.max("ts").alias("removed_ts"))
-    )
-    lat = (
-        pairs.where(F.col("kind") == "acked")
-        .groupBy("vhost", "queue", "consumer")
-        .agg(*_latency_aggs())
-    )
+    lat = pairs.where(F.col("kind") == "acked").groupBy("q", "consumer").agg(*_latency_aggs())
     span = F.greatest(F.coalesce("removed_ts", "last_ts") - F.col("first_ts"), F.lit(1e-3))
-    return (
-        counts.join(lat, ["vhost", "queue", "consumer"], "left")
+    table = (
+        counts.join(lat, ["q", "consumer"], "left")
         .join(removed, key, "left")
         .select(
             *key,
@@ -502,8 +551,9 @@ def _consumers(bucketed: Any, events: Any, pairs: Any) -> Any:
             "last_ack_ts",
             "removed_reason",
         )
-        .orderBy("vhost", "queue", F.desc("delivered"))
+        .toArrow()
     )
+    return _sorted(table, "vhost", "queue", ("delivered", "descending"))
 
 
 def _write(tbl: pa.Table, out: Path, name: str, write_csv: bool) -> None:
