@@ -27,7 +27,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from plugbroker.analyze.events import QUEUE_EVENTS, read_events, runs
+from plugbroker.analyze.events import QUEUE_EVENTS, read_events
 from plugbroker.analyze.replay import COLUMNS, load_candidate, policy_checks, replay_partition
 from plugbroker.analyze.spark import Progress, get_spark
 
@@ -161,10 +161,8 @@ def backtest(
 
     progress.step(f"reading {journal}")
     events = read_events(spark, journal)
-    run_rows = sorted(
-        ((r["run"], r["run_start"], r["run_end"]) for r in runs(events).collect()),
-        key=lambda r: r[1],
-    )
+    names = Names.of(events)
+    run_rows = names.runs
     if not run_rows:
         return BacktestResult(str(config_path), periods)
     start = min(r[1] for r in run_rows)
@@ -173,13 +171,15 @@ def backtest(
         F.col("event").isin(*QUEUE_EVENTS)
         & F.col("queue").isNotNull()
         & (F.col("event") != "policy_action")
-    ).select(*COLUMNS)
+    ).select(*names.narrow_columns())
     n = partitions or max(2, spark.sparkContext.defaultParallelism * 2)
-    parted = sel.repartition(n, "vhost", "queue").sortWithinPartitions("run", "seq")
+    # one 64-bit sort key (run order, then seq): Spark sorts it by radix, without comparing rows
+    parted = sel.repartition(n, "q").sortWithinPartitions("k")
 
     progress.step(f"replaying the queues in {n} task(s) against the candidate's policies")
     fn = partial(
         _replay_arrow,
+        names=names,
         config_text=text,
         config_name=str(config_path),
         every=every,
@@ -215,23 +215,144 @@ def backtest(
     return result
 
 
-def arrow_rows(batches: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
-    """The rows of Arrow record batches as tuples, column by column (a column that is all null in
-    a batch, as most are for the common message events, costs nothing)."""
-    for batch in batches:
-        n = batch.num_rows
-        cols = [
-            repeat(None, n) if col.null_count == n else col.to_pylist() for col in batch.columns
+#: bits of the sort key ``k`` below the run's index: the event's ``seq`` in its run
+SEQ_BITS = 40
+#: the columns sent to the replay as they are (numbers, and strings that are null on all but the
+#: rare events); the run, event, queue and consumer go as numbers (see :class:`Names`)
+PLAIN_COLUMNS = (
+    "ts",
+    "channel_id",
+    "message_id",
+    "body_size",
+    "delivery_count",
+    "no_ack",
+    "requeue",
+    "durable",
+    "exclusive",
+    "auto_delete",
+    "count",
+    "exchange",
+    "routing_key",
+    "reason",
+    "detail",
+    "due",
+)
+
+
+@dataclass
+class Names:
+    """The strings of every event the replay reads, sent once instead of once per event.
+
+    Spark hands the replay's Python tasks each event as Arrow columns; the run, event, vhost,
+    queue, connection and consumer tag, strings on every event, were most of the cost of that
+    hand-over. They go as numbers instead: ``k`` (the run's index in time order, shifted, plus
+    the event's ``seq``: also the one sort key), ``e`` (the index in ``QUEUE_EVENTS``), ``q``
+    (:func:`~plugbroker.analyze.events.queue_key`) and ``c``
+    (:func:`~plugbroker.analyze.events.consumer_id`), and the tasks turn them back into the
+    tuples :class:`~plugbroker.analyze.replay.Replayer` reads, with the tables kept here.
+    """
+
+    runs: list[tuple[str, float, float]]
+    queues: dict[int, tuple[str | None, str]]
+    consumers: dict[int, tuple[str | None, str | None]]
+
+    @classmethod
+    def of(cls, events: Any) -> Names:
+        """The runs (``(run, start, end)`` in time order), queues and consumers of the journal,
+        in one pass over it."""
+        from pyspark.sql import functions as F
+
+        from plugbroker.analyze.events import JournalError, consumer_id, queue_key
+
+        rows = (
+            events.groupBy("run", "vhost", "queue", "connection_id", "consumer_tag")
+            .agg(F.min("ts").alias("first"), F.max("ts").alias("last"))
+            .select(
+                "*",
+                queue_key().alias("q"),
+                consumer_id().alias("c"),
+            )
+            .collect()
+        )
+        runs: dict[str, list[float]] = {}
+        queues: dict[int, tuple[str | None, str]] = {}
+        consumers: dict[int, tuple[str | None, str | None]] = {}
+        for r in rows:
+            span = runs.setdefault(r["run"], [r["first"], r["last"]])
+            span[0], span[1] = min(span[0], r["first"]), max(span[1], r["last"])
+            if r["queue"] is not None:
+                if queues.setdefault(r["q"], (r["vhost"], r["queue"])) != (r["vhost"], r["queue"]):
+                    raise JournalError("two queue names of this journal hash to the same key")
+                who = (r["connection_id"], r["consumer_tag"])
+                if consumers.setdefault(r["c"], who) != who:
+                    raise JournalError("two consumers of this journal hash to the same key")
+        ordered = sorted(((k, v[0], v[1]) for k, v in runs.items()), key=lambda r: r[1])
+        return cls(ordered, queues, consumers)
+
+    def narrow_columns(self) -> list[Any]:
+        """The columns to select from the journal's queue events for the replay."""
+        from pyspark.sql import functions as F
+
+        from plugbroker.analyze.events import consumer_id, queue_key
+
+        index = F.create_map(
+            *[x for i, (run, _, _) in enumerate(self.runs) for x in (F.lit(run), F.lit(i))]
+        )
+        key = F.shiftleft(index[F.col("run")].cast("long"), SEQ_BITS) + F.col("seq")
+        event = F.array_position(F.array(*[F.lit(e) for e in QUEUE_EVENTS]), F.col("event"))
+        return [
+            key.alias("k"),
+            (event - 1).cast("byte").alias("e"),
+            queue_key().alias("q"),
+            consumer_id().alias("c"),
+            *PLAIN_COLUMNS,
         ]
-        yield from zip(*cols)
+
+    def rows(self, batches: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+        """The events of Arrow record batches of :meth:`narrow_columns` as the tuples the replay
+        reads (:data:`~plugbroker.analyze.replay.COLUMNS`), column by column (a column that is
+        all null in a batch, as most are for the common message events, costs nothing)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        run_names = [r[0] for r in self.runs]
+        qkeys = pa.array(list(self.queues), pa.int64())
+        qnames = list(self.queues.values())
+        vhosts = [v for v, _ in qnames]
+        queues = [q for _, q in qnames]
+        ckeys = pa.array(list(self.consumers), pa.int64())
+        cnames = list(self.consumers.values())
+        conns = [c for c, _ in cnames]
+        tags = [t for _, t in cnames]
+        mask = (1 << SEQ_BITS) - 1
+        for batch in batches:
+            n = batch.num_rows
+            if not n:
+                continue
+            got = dict(zip(batch.schema.names, batch.columns))
+            cols: dict[str, Iterable[Any]] = {
+                name: repeat(None, n) if c.null_count == n else c.to_pylist()
+                for name, c in ((name, got[name]) for name in PLAIN_COLUMNS)
+            }
+            k = got["k"]
+            cols["run"] = [run_names[i] for i in pc.shift_right(k, SEQ_BITS).to_pylist()]
+            cols["seq"] = pc.bit_wise_and(k, mask).to_pylist()
+            cols["event"] = [QUEUE_EVENTS[i] for i in got["e"].to_pylist()]
+            qi = pc.index_in(got["q"], value_set=qkeys).to_pylist()
+            cols["vhost"] = [vhosts[i] for i in qi]
+            cols["queue"] = [queues[i] for i in qi]
+            ci = pc.index_in(got["c"], value_set=ckeys).to_pylist()
+            cols["connection_id"] = [conns[i] for i in ci]
+            cols["consumer_tag"] = [tags[i] for i in ci]
+            yield from zip(*(cols[c] for c in COLUMNS))
 
 
-def _replay_arrow(batches: Iterable[Any], **kw: Any) -> Iterator[Any]:
+def _replay_arrow(batches: Iterable[Any], names: Names, **kw: Any) -> Iterator[Any]:
     """A ``mapInArrow`` function: :func:`replay_partition` over the batches of one task, each
     action (and the closing count) out as one JSON string."""
     import pyarrow as pa
 
-    out = [json.dumps(r, default=str) for r in replay_partition(arrow_rows(batches), **kw)]
+    out = [json.dumps(r, default=str) for r in replay_partition(names.rows(batches), **kw)]
     yield pa.RecordBatch.from_arrays([pa.array(out, pa.string())], names=["json"])
 
 

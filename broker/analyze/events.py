@@ -424,8 +424,11 @@ def latency_bucket(col: Any) -> Any:
     """Index into :data:`LATENCY_BOUNDS` (``len(LATENCY_BOUNDS)`` for the overflow bucket)."""
     from pyspark.sql import functions as F
 
-    bounds = F.array(*[F.lit(b) for b in LATENCY_BOUNDS])
-    return F.size(F.filter(bounds, lambda b: b <= col))
+    # a chain of comparisons (generated code, no array per row); a missing value is bucket 0
+    bucket = F.when(col.isNull() | (col < F.lit(LATENCY_BOUNDS[0])), F.lit(0))
+    for i, bound in enumerate(LATENCY_BOUNDS[1:], start=1):
+        bucket = bucket.when(col < F.lit(bound), F.lit(i))
+    return bucket.otherwise(F.lit(len(LATENCY_BOUNDS)))
 
 
 #: the fine processing-time scale the report's percentiles come from: code ``i`` holds the

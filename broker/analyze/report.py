@@ -46,7 +46,7 @@ from plugbroker.analyze.events import (
     span,
 )
 from plugbroker.analyze.htmlreport import subscription_label
-from plugbroker.analyze.spark import Progress, Scratch, get_spark
+from plugbroker.analyze.spark import Progress, Scratch, get_spark, run_together
 
 TABLES = (
     "queues",
@@ -57,7 +57,7 @@ TABLES = (
     "redeliveries",
     "policy_actions",
 )
-STEPS = 11
+STEPS = 10
 FATE_EVENTS = ("dead_lettered", "dropped", "redelivered")
 FATE_SCHEMA = pa.schema(
     [
@@ -139,25 +139,32 @@ def report(
     step = nice_step(max(t1 - t0, 1e-3), buckets)
 
     with Scratch(spark, scratch) as work:
-        progress.step("counting events per queue, consumer and time bucket")
-        # one pass over the journal: the overview, the series' event counts and the consumers'
-        # figures all come out of these counts
-        counts = work.materialize(bucket_counts(events, t0, step), "counts")
+        progress.step("counting events; reading the rare ones; one row per message and queue")
+        # three passes over the journal, run side by side (see run_together): the counts (the
+        # overview, the series' event counts and the consumers' figures all come out of them),
+        # the rare events (grouped and sorted here on the driver), and the per-message facts
+        counts, rare, facts = run_together(
+            lambda: work.materialize(bucket_counts(events, t0, step), "counts"),
+            lambda: (
+                events.where(F.col("event").isin(*RARE_EVENTS))
+                .select("run", "seq", "exchange", "routing_key", *ACTION_COLUMNS)
+                .toArrow()
+            ),
+            lambda: work.materialize(message_facts(events), "facts"),
+        )
         overview, run_rows = _overview(counts)
         overview["bucket_seconds"] = step
         progress.say(
             f"  {overview['events']:,} events, {len(run_rows)} run(s), "
             f"{t1 - t0:.1f} s of traffic, buckets of {step:g} s"
         )
-        # the rare events, in one more pass; grouped and sorted here on the driver
-        rare = (
-            events.where(F.col("event").isin(*RARE_EVENTS))
-            .select("run", "seq", "exchange", "routing_key", *ACTION_COLUMNS)
-            .toArrow()
-        )
         kind = rare.column("event")
+        names = _names(counts)
 
-        progress.step("message lifecycles, backlog and oldest-message age over time")
+        progress.step(
+            "message lifecycles, backlog and oldest-message age over time; pairing deliveries "
+            "with acks (processing time)"
+        )
         run_table = spark.createDataFrame(
             [(r["run"], r["run_start"], r["run_end"], r["last"]) for r in run_rows],
             "run string, run_start double, run_end double, last boolean",
@@ -165,30 +172,24 @@ def report(
         deleted = spark.createDataFrame(
             rare.filter(pc.equal(kind, "queue_deleted")).select(["vhost", "queue", "ts"])
         )
-        names = _names(counts)
-        facts = work.materialize(message_facts(events), "facts")
         life = lifecycles(facts, events, run_table, deleted)
-        series = _sorted(
-            _named(backlog_series(events, life, t0, step, counts).toArrow(), names),
-            "vhost",
-            "queue",
-            "bucket",
-        )
-
-        progress.step("pairing deliveries with acks (processing time)")
         # one pass over the pairs: per queue, consumer, histogram bucket and fine code, how many
         # acks and the longest; every percentile and the histogram come from these counts
         acked = settlements(events, facts).where(F.col("kind") == "acked")
-        fine = (
-            acked.groupBy(
-                "q",
-                "consumer",
-                latency_bucket(F.col("latency")).alias("bucket"),
-                fine_code(F.col("latency")).alias("code"),
-            )
-            .agg(F.count(F.lit(1)).alias("n"), F.max("latency").alias("vmax"))
-            .toArrow()
+        series, fine = run_together(
+            lambda: backlog_series(events, life, t0, step, counts).toArrow(),
+            lambda: (
+                acked.groupBy(
+                    "q",
+                    "consumer",
+                    latency_bucket(F.col("latency")).alias("bucket"),
+                    fine_code(F.col("latency")).alias("code"),
+                )
+                .agg(F.count(F.lit(1)).alias("n"), F.max("latency").alias("vmax"))
+                .toArrow()
+            ),
         )
+        series = _sorted(_named(series, names), "vhost", "queue", "bucket")
         lat_q = _named(latency_figures(fine, ["q"]), names)
 
         progress.step("per-queue figures")
