@@ -217,39 +217,39 @@ def backtest(
 
 #: bits of the sort key ``k`` below the run's index: the event's ``seq`` in its run
 SEQ_BITS = 40
-#: the columns sent to the replay as they are (numbers, and strings that are null on all but the
-#: rare events); the run, event, queue and consumer go as numbers (see :class:`Names`)
-PLAIN_COLUMNS = (
-    "ts",
-    "channel_id",
-    "message_id",
-    "body_size",
-    "delivery_count",
-    "no_ack",
-    "requeue",
-    "durable",
-    "exclusive",
-    "auto_delete",
-    "count",
+#: the columns sent to the replay as they are: the numbers the common message events carry
+PLAIN_COLUMNS = ("ts", "channel_id", "message_id", "body_size", "no_ack", "due")
+#: the common message events: every other event also carries :data:`EXTRA_COLUMNS`
+HOT_EVENTS = ("published", "delivered", "acked")
+#: the columns the other events carry, sent as one JSON text per event (``x``)
+EXTRA_COLUMNS = (
     "exchange",
     "routing_key",
     "reason",
     "detail",
-    "due",
+    "durable",
+    "exclusive",
+    "auto_delete",
+    "count",
+    "requeue",
 )
+#: the columns of the journal the replay never reads, sent as ``None``
+UNREAD_COLUMNS = ("delivery_count",)
 
 
 @dataclass
 class Names:
     """The strings of every event the replay reads, sent once instead of once per event.
 
-    Spark hands the replay's Python tasks each event as Arrow columns; the run, event, vhost,
-    queue, connection and consumer tag, strings on every event, were most of the cost of that
-    hand-over. They go as numbers instead: ``k`` (the run's index in time order, shifted, plus
-    the event's ``seq``: also the one sort key), ``e`` (the index in ``QUEUE_EVENTS``), ``q``
-    (:func:`~plugbroker.analyze.events.queue_key`) and ``c``
-    (:func:`~plugbroker.analyze.events.consumer_id`), and the tasks turn them back into the
-    tuples :class:`~plugbroker.analyze.replay.Replayer` reads, with the tables kept here.
+    Spark hands the replay's Python tasks each event as Arrow columns, at a cost per column and
+    row: with the journal's 23 columns, most of the backtest's time. So the run, event, vhost,
+    queue, connection and consumer tag, strings on every event, go as numbers: ``k`` (the run's
+    index in time order, shifted, plus the event's ``seq``: also the one sort key), ``e`` (the
+    index in ``QUEUE_EVENTS``), ``q`` (:func:`~plugbroker.analyze.events.queue_key`) and ``c``
+    (:func:`~plugbroker.analyze.events.consumer_id`); the columns only the rarer events carry go
+    as one JSON text (``x``, null on the common message events); and the tasks turn them back
+    into the tuples :class:`~plugbroker.analyze.replay.Replayer` reads, with the tables kept
+    here. ``delivery_count``, which the replay does not read, is not sent.
     """
 
     runs: list[tuple[str, float, float]]
@@ -300,12 +300,14 @@ class Names:
         )
         key = F.shiftleft(index[F.col("run")].cast("long"), SEQ_BITS) + F.col("seq")
         event = F.array_position(F.array(*[F.lit(e) for e in QUEUE_EVENTS]), F.col("event"))
+        extra = F.when(~F.col("event").isin(*HOT_EVENTS), F.to_json(F.struct(*EXTRA_COLUMNS)))
         return [
             key.alias("k"),
             (event - 1).cast("byte").alias("e"),
             queue_key().alias("q"),
             consumer_id().alias("c"),
             *PLAIN_COLUMNS,
+            extra.alias("x"),
         ]
 
     def rows(self, batches: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
@@ -344,6 +346,17 @@ class Names:
             ci = pc.index_in(got["c"], value_set=ckeys).to_pylist()
             cols["connection_id"] = [conns[i] for i in ci]
             cols["consumer_tag"] = [tags[i] for i in ci]
+            x = got["x"]
+            if x.null_count == n:
+                cols.update((name, repeat(None, n)) for name in EXTRA_COLUMNS)
+            else:
+                extras = {name: [None] * n for name in EXTRA_COLUMNS}
+                for i, text in enumerate(x.to_pylist()):
+                    if text is not None:
+                        for name, value in json.loads(text).items():
+                            extras[name][i] = value
+                cols.update(extras)
+            cols.update((name, repeat(None, n)) for name in UNREAD_COLUMNS)
             yield from zip(*(cols[c] for c in COLUMNS))
 
 

@@ -206,3 +206,43 @@ def test_recommend_prints_a_snippet_that_validates(spark, recording):
     assert "topic stocks.us.ibm on amq.topic: 1 subscription queue(s), 0 ack(s)" in xml
     assert "topic stocks.us.aapl on amq.topic: 1 subscription queue(s), 5 ack(s)" in xml
     assert not vh.topics
+
+
+def test_the_backtest_hands_its_tasks_every_event_as_the_journal_holds_it(spark, recording):
+    """The backtest sends its Python tasks numbers and a JSON text instead of the journal's
+    columns (backtest.Names): turned back into tuples, every queue event is what the journal
+    holds, in journal order, but for what the replay never reads: delivery_count, and the extra
+    columns (exchange, routing key) of the common message events."""
+    from pyspark.sql import functions as F
+
+    from plugbroker.analyze.backtest import EXTRA_COLUMNS, HOT_EVENTS, UNREAD_COLUMNS, Names
+    from plugbroker.analyze.events import QUEUE_EVENTS, read_events
+    from plugbroker.analyze.replay import COLUMNS
+
+    fixture_v1 = Path(__file__).parent / "fixtures" / "journal-v1"
+    for journal in (recording.journal, fixture_v1):
+        events = read_events(spark, journal)
+        sel = events.where(
+            F.col("event").isin(*QUEUE_EVENTS)
+            & F.col("queue").isNotNull()
+            & (F.col("event") != "policy_action")
+        )
+        names = Names.of(events)
+        got = list(
+            names.rows(sel.select(*names.narrow_columns()).orderBy("k").toArrow().to_batches())
+        )
+        runs_in_order = {r[0]: i for i, r in enumerate(names.runs)}
+
+        def unsent(row: Any, c: str) -> bool:
+            return c in UNREAD_COLUMNS or (row["event"] in HOT_EVENTS and c in EXTRA_COLUMNS)
+
+        want = [
+            tuple(None if unsent(row, c) else row[c] for c in COLUMNS)
+            for row in sorted(
+                sel.select(*COLUMNS).collect(), key=lambda r: (runs_in_order[r["run"]], r["seq"])
+            )
+        ]
+        assert len(got) == len(want) > 100
+        assert {g[COLUMNS.index("event")] for g in got} >= {"published", "delivered", "acked"}
+        assert any(g[COLUMNS.index("exchange")] for g in got), "bindings came through"
+        assert got == want
