@@ -246,3 +246,25 @@ def test_the_backtest_hands_its_tasks_every_event_as_the_journal_holds_it(spark,
         assert {g[COLUMNS.index("event")] for g in got} >= {"published", "delivered", "acked"}
         assert any(g[COLUMNS.index("exchange")] for g in got), "bindings came through"
         assert got == want
+
+
+def test_the_backtest_spreads_the_queues_over_its_tasks_by_their_events(spark):
+    """Zipf-like queue sizes: hashing queues to 4 tasks can give one task most of the events;
+    the backtest's partitioning values send each queue to the least loaded task."""
+    from pyspark.sql import functions as F
+
+    from plugbroker.analyze.backtest import Names
+
+    sizes = {1000 + i: int(1_000_000 / (i + 1)) for i in range(24)}
+    names = Names([("r", 0.0, 1.0)], {q: ("/", f"q{q}") for q in sizes}, {}, sizes)
+    keys = names.task_keys(spark, 4)
+    rows = spark.createDataFrame([(q, k) for q, k in keys.items()], "q long, p long")
+    task_of = {
+        r["q"]: r["t"]
+        for r in rows.repartition(4, "p").select("q", F.spark_partition_id().alias("t")).collect()
+    }
+    assert set(task_of) == set(sizes)
+    load = [sum(n for q, n in sizes.items() if task_of[q] == t) for t in range(4)]
+    # as good as the busiest queue allows: no task above an even share plus the busiest queue
+    assert max(load) <= sum(sizes.values()) / 4 + max(sizes.values())
+    assert max(load) < 0.3 * sum(sizes.values())
