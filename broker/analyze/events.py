@@ -275,7 +275,9 @@ def message_facts(events: Any) -> Any:
     )
 
 
-def lifecycles(facts: Any, events: Any, run_table: Any, deleted: Any = None) -> Any:
+def lifecycles(
+    facts: Any, events: Any, run_table: Any, deleted: Any = None, keep: tuple[str, ...] = ()
+) -> Any:
     """Per message and queue (``q``): ``arrival``, ``end`` (:data:`NEVER` if still held at the
     end).
 
@@ -286,7 +288,7 @@ def lifecycles(facts: Any, events: Any, run_table: Any, deleted: Any = None) -> 
 
     ``deleted``: the journal's ``queue_deleted`` events (``vhost``, ``queue``, ``ts``) if the
     caller already has them (the report reads its rare events in one pass), else read from
-    ``events``.
+    ``events``. ``keep``: more columns of ``facts`` to carry along.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
@@ -328,6 +330,7 @@ def lifecycles(facts: Any, events: Any, run_table: Any, deleted: Any = None) -> 
         "body_size",
         "deliveries",
         "redeliveries",
+        *keep,
     )
 
 
@@ -335,24 +338,16 @@ def settlements(events: Any, facts: Any) -> Any:
     """Acks and rejects paired with the delivery each settles: ``latency`` = processing time.
 
     Columns: q (:func:`queue_key`), message_id, consumer (:func:`consumer_id` of the settling
-    consumer),
-    kind (``acked``/``rejected``), delivered_at, settled_at, latency (seconds).
+    consumer), kind (``acked``/``rejected``), delivered_at, settled_at, latency (seconds).
 
     The common case (one delivery and one settlement on the same channel) comes straight from
-    :func:`message_facts`. Messages delivered more than once on a channel (requeued back to the
-    same consumer, as a poison message is) are paired event by event: a settlement settles the
-    latest delivery before it on its channel.
+    :func:`message_facts` (:func:`simple_pairs`). Messages delivered more than once on a channel
+    (requeued back to the same consumer, as a poison message is) are paired event by event
+    (:func:`paired_events`): a settlement settles the latest delivery before it on its channel.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.window import Window
 
-    simple_cond = (
-        (F.col("deliveries") == 1)
-        & (F.col("settlements") == 1)
-        & (F.col("delivered_chan") == F.col("settled_chan"))
-        & (F.col("settled_at") >= F.col("delivered_at"))
-    )
-    simple = facts.where(simple_cond).select(
+    simple = facts.where(simple_pair()).select(
         "q",
         "message_id",
         F.col("settled_by").alias("consumer"),
@@ -361,9 +356,36 @@ def settlements(events: Any, facts: Any) -> Any:
         "settled_at",
         (F.col("settled_at") - F.col("delivered_at")).alias("latency"),
     )
-    hard = facts.where(
-        ~simple_cond & (F.col("deliveries") >= 1) & (F.col("settlements") >= 1)
-    ).select("q", "message_id")
+    hard = facts.where(hard_pair()).select("q", "message_id")
+    return simple.unionByName(paired_events(events, broadcast_if_small(hard)))
+
+
+def simple_pair() -> Any:
+    """On :func:`message_facts`: the message was delivered once and settled once, on the same
+    channel (its processing time is ``settled_at - delivered_at``)."""
+    from pyspark.sql import functions as F
+
+    return (
+        (F.col("deliveries") == 1)
+        & (F.col("settlements") == 1)
+        & (F.col("delivered_chan") == F.col("settled_chan"))
+        & (F.col("settled_at") >= F.col("delivered_at"))
+    )
+
+
+def hard_pair() -> Any:
+    """On :func:`message_facts`: delivered and settled, but not :func:`simple_pair`."""
+    from pyspark.sql import functions as F
+
+    return ~simple_pair() & (F.col("deliveries") >= 1) & (F.col("settlements") >= 1)
+
+
+def paired_events(events: Any, hard: Any) -> Any:
+    """The settlements of the messages in ``hard`` (``q``, ``message_id``), each paired with the
+    latest delivery before it on its channel: the columns of :func:`settlements`."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
     ev = F.col("event")
     d = events.where(
         ((ev == "delivered") & ~F.coalesce(F.col("no_ack"), F.lit(False)))
@@ -372,7 +394,7 @@ def settlements(events: Any, facts: Any) -> Any:
     d = (
         d.where(F.col("message_id").isNotNull() & F.col("queue").isNotNull())
         .withColumn("q", queue_key())
-        .join(broadcast_if_small(hard), ["q", "message_id"], "left_semi")
+        .join(hard, ["q", "message_id"], "left_semi")
     )
     key = ["q", "message_id", "connection_id", "channel_id"]
     w = (
@@ -392,9 +414,7 @@ def settlements(events: Any, facts: Any) -> Any:
         .over(w)
         .alias("delivered_tag"),
     )
-    complex_ = paired.where(
-        ev.isin("acked", "rejected") & F.col("delivered_at").isNotNull()
-    ).select(
+    return paired.where(ev.isin("acked", "rejected") & F.col("delivered_at").isNotNull()).select(
         "q",
         "message_id",
         consumer_id(F.col("connection_id"), F.coalesce("consumer_tag", "delivered_tag")).alias(
@@ -405,7 +425,6 @@ def settlements(events: Any, facts: Any) -> Any:
         F.col("ts").alias("settled_at"),
         F.greatest(F.col("ts") - F.col("delivered_at"), F.lit(0.0)).alias("latency"),
     )
-    return simple.unionByName(complex_)
 
 
 #: the most rows :func:`broadcast_if_small` sends to every task (a few tens of MB of keys)
@@ -496,7 +515,39 @@ def bucket_counts(events: Any, t0: float, step: float) -> Any:
     )
 
 
-def backlog_series(events: Any, life: Any, t0: float, step: float, counts: Any = None) -> Any:
+#: the bucket of a message still held when the journal ends (after every real bucket)
+NEVER_BUCKET = 2**62
+
+
+def backlog_steps(t0: float, step: float) -> Any:
+    """On :func:`lifecycles`: a message's two steps of its queue's backlog, as an array of two
+    structs (``bucket``, ``dn``, ``db``, ``arr``): +1 message and +size bytes in its arrival
+    bucket, -1 and -size in its end bucket (:data:`NEVER_BUCKET`, and no change, if it is still
+    held), where it also brings its arrival (the minimum arrival of the messages ending in a
+    bucket gives the oldest message held: see :func:`backlog_series`)."""
+    from pyspark.sql import functions as F
+
+    big = F.lit(NEVER_BUCKET).cast("long")
+    ended = F.col("end") < F.lit(NEVER)
+    return F.array(
+        F.struct(
+            _bucket(F.col("arrival"), t0, step).alias("bucket"),
+            F.lit(1).alias("dn"),
+            F.col("body_size").alias("db"),
+            F.lit(None).cast("double").alias("arr"),
+        ),
+        F.struct(
+            F.when(ended, _bucket(F.col("end"), t0, step)).otherwise(big).alias("bucket"),
+            F.when(ended, -1).otherwise(0).alias("dn"),
+            F.when(ended, -F.col("body_size")).otherwise(0).alias("db"),
+            F.col("arrival").alias("arr"),
+        ),
+    )
+
+
+def backlog_series(
+    events: Any, life: Any, t0: float, step: float, counts: Any = None, deltas: Any = None
+) -> Any:
     """Per queue (``q``, :func:`queue_key`) and bucket: counts of each event in the bucket, and
     at the bucket's end the
     messages and bytes held and the age of the oldest. Sparse: only buckets where something
@@ -504,7 +555,9 @@ def backlog_series(events: Any, life: Any, t0: float, step: float, counts: Any =
     which grows).
 
     ``counts``: :func:`bucket_counts` for the same ``t0`` and ``step`` if already computed (the
-    event counts then come from it, not from another pass over ``events``).
+    event counts then come from it, not from another pass over ``events``). ``deltas``: the
+    steps (:func:`backlog_steps`) summed per ``q`` and ``bucket`` (``dn``, ``db``,
+    ``min_arrival_ending``) if already computed (``life`` is then not read).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
@@ -512,32 +565,17 @@ def backlog_series(events: Any, life: Any, t0: float, step: float, counts: Any =
     def bucket(c: Any) -> Any:
         return _bucket(c, t0, step)
 
-    big = F.lit(2**62).cast("long")
-    ended = F.col("end") < F.lit(NEVER)
-    # each message is +1 in its arrival bucket and -1 in its end bucket; the minimum arrival of
-    # the messages ending in a bucket gives the oldest message alive (see below)
-    steps = life.select(
-        "q",
-        F.explode(
-            F.array(
-                F.struct(
-                    bucket(F.col("arrival")).alias("bucket"),
-                    F.lit(1).alias("dn"),
-                    F.col("body_size").alias("db"),
-                    F.lit(None).cast("double").alias("arr"),
-                ),
-                F.struct(
-                    F.when(ended, bucket(F.col("end"))).otherwise(big).alias("bucket"),
-                    F.when(ended, -1).otherwise(0).alias("dn"),
-                    F.when(ended, -F.col("body_size")).otherwise(0).alias("db"),
-                    F.col("arrival").alias("arr"),
-                ),
+    if deltas is None:
+        deltas = (
+            life.select("q", F.explode(backlog_steps(t0, step)).alias("s"))
+            .select("q", "s.*")
+            .groupBy("q", "bucket")
+            .agg(
+                F.sum("dn").alias("dn"),
+                F.sum("db").alias("db"),
+                F.min("arr").alias("min_arrival_ending"),
             )
-        ).alias("s"),
-    ).select("q", "s.*")
-    deltas = steps.groupBy("q", "bucket").agg(
-        F.sum("dn").alias("dn"), F.sum("db").alias("db"), F.min("arr").alias("min_arrival_ending")
-    )
+        )
     ev = F.col("event")
     if counts is None:
         counts = (
@@ -571,7 +609,7 @@ def backlog_series(events: Any, life: Any, t0: float, step: float, counts: Any =
         F.sum("db").over(upto).alias("bytes"),
         F.min("min_arrival_ending").over(after).alias("oldest_arrival"),
         t_end.alias("t"),
-    ).where(F.col("bucket") < big)
+    ).where(F.col("bucket") < F.lit(NEVER_BUCKET))
     age = F.when(
         F.col("oldest_arrival").isNotNull()
         & (F.col("oldest_arrival") <= F.col("t"))

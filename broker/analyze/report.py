@@ -31,18 +31,21 @@ from plugbroker.analyze.events import (
     LATENCY_BOUNDS,
     MESSAGE_EVENTS,
     backlog_series,
+    backlog_steps,
     bucket_counts,
     consumer_id,
     fine_code,
+    hard_pair,
     latency_bucket,
     latency_label,
     lifecycles,
     message_facts,
     nice_step,
+    paired_events,
     queue_key,
     queue_names,
     read_events,
-    settlements,
+    simple_pair,
     span,
 )
 from plugbroker.analyze.htmlreport import subscription_label
@@ -57,7 +60,7 @@ TABLES = (
     "redeliveries",
     "policy_actions",
 )
-STEPS = 10
+STEPS = 11
 FATE_EVENTS = ("dead_lettered", "dropped", "redelivered")
 FATE_SCHEMA = pa.schema(
     [
@@ -139,18 +142,17 @@ def report(
     step = nice_step(max(t1 - t0, 1e-3), buckets)
 
     with Scratch(spark, scratch) as work:
-        progress.step("counting events; reading the rare ones; one row per message and queue")
-        # three passes over the journal, run side by side (see run_together): the counts (the
-        # overview, the series' event counts and the consumers' figures all come out of them),
-        # the rare events (grouped and sorted here on the driver), and the per-message facts
-        counts, rare, facts = run_together(
+        progress.step("counting events; reading the rare ones")
+        # two passes over the journal, run side by side (see run_together): the counts (the
+        # overview, the series' event counts and the consumers' figures all come out of them)
+        # and the rare events (grouped and sorted here on the driver)
+        counts, rare = run_together(
             lambda: work.materialize(bucket_counts(events, t0, step), "counts"),
             lambda: (
                 events.where(F.col("event").isin(*RARE_EVENTS))
                 .select("run", "seq", "exchange", "routing_key", *ACTION_COLUMNS)
                 .toArrow()
             ),
-            lambda: work.materialize(message_facts(events), "facts"),
         )
         overview, run_rows = _overview(counts)
         overview["bucket_seconds"] = step
@@ -161,10 +163,7 @@ def report(
         kind = rare.column("event")
         names = _names(counts)
 
-        progress.step(
-            "message lifecycles, backlog and oldest-message age over time; pairing deliveries "
-            "with acks (processing time)"
-        )
+        progress.step("message lifecycles and processing times, in one shuffle")
         run_table = spark.createDataFrame(
             [(r["run"], r["run_start"], r["run_end"], r["last"]) for r in run_rows],
             "run string, run_start double, run_end double, last boolean",
@@ -172,12 +171,25 @@ def report(
         deleted = spark.createDataFrame(
             rare.filter(pc.equal(kind, "queue_deleted")).select(["vhost", "queue", "ts"])
         )
-        life = lifecycles(facts, events, run_table, deleted)
-        # one pass over the pairs: per queue, consumer, histogram bucket and fine code, how many
-        # acks and the longest; every percentile and the histogram come from these counts
-        acked = settlements(events, facts).where(F.col("kind") == "acked")
-        series, fine = run_together(
-            lambda: backlog_series(events, life, t0, step, counts).toArrow(),
+        life = lifecycles(message_facts(events), events, run_table, deleted, keep=PAIR_COLUMNS)
+        one = _per_message(life, t0, step).toArrow()
+        tag = one.column("tag")
+        deltas = one.filter(pc.equal(tag, 0)).select(["q", "k1", "dn", "db", "arr"])
+        deltas = deltas.rename_columns(["q", "bucket", "dn", "db", "min_arrival_ending"])
+        simple = one.filter(pc.equal(tag, 1)).select(["q", "k1", "k2", "k3", "n", "vmax"])
+        simple = simple.rename_columns(["q", "consumer", "bucket", "code", "n", "vmax"])
+        hard = one.filter(pc.equal(tag, 2)).select(["q", "k1"]).rename_columns(["q", "message_id"])
+
+        progress.step(
+            "backlog and oldest-message age over time; pairing the other deliveries with acks"
+        )
+        acked = paired_events(events, F.broadcast(spark.createDataFrame(hard))).where(
+            F.col("kind") == "acked"
+        )
+        series, paired = run_together(
+            lambda: backlog_series(
+                events, None, t0, step, counts, deltas=spark.createDataFrame(deltas)
+            ).toArrow(),
             lambda: (
                 acked.groupBy(
                     "q",
@@ -190,6 +202,12 @@ def report(
             ),
         )
         series = _sorted(_named(series, names), "vhost", "queue", "bucket")
+        fine = (
+            pa.concat_tables([simple, paired.cast(simple.schema)])
+            .group_by(["q", "consumer", "bucket", "code"], use_threads=False)
+            .aggregate([("n", "sum"), ("vmax", "max")])
+            .rename_columns(["q", "consumer", "bucket", "code", "n", "vmax"])
+        )
         lat_q = _named(latency_figures(fine, ["q"]), names)
 
         progress.step("per-queue figures")
@@ -494,6 +512,74 @@ def _overview(counts: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         "runs": runs_,
     }
     return overview, runs_
+
+
+#: what :func:`_per_message` needs of :func:`~plugbroker.analyze.events.message_facts` beyond
+#: the lifecycle
+PAIR_COLUMNS = (
+    "settlements",
+    "delivered_at",
+    "delivered_chan",
+    "settled_at",
+    "settled_chan",
+    "settled_by",
+    "settle_kind",
+)
+
+
+def _per_message(life: Any, t0: float, step: float) -> Any:
+    """Everything the report needs of each message, from one pass over its lifecycle (with
+    :data:`PAIR_COLUMNS`), summed in one aggregation: rows tagged
+
+    * 0: per ``q`` and bucket (``k1``), the backlog's steps (``dn``, ``db``, and ``arr``, the
+      earliest arrival of the messages ending in the bucket; see
+      :func:`~plugbroker.analyze.events.backlog_steps`);
+    * 1: per ``q``, consumer (``k1``), histogram bucket (``k2``) and fine code (``k3``), the
+      acks of messages delivered and acked once (``n``) and the longest (``vmax``);
+    * 2: the messages (``q``, ``k1`` = ``message_id``) delivered or settled more than that,
+      paired event by event afterwards (:func:`~plugbroker.analyze.events.paired_events`).
+
+    One aggregation instead of writing the per-message rows out and reading them twice.
+    """
+    from pyspark.sql import functions as F
+
+    def item(tag: int, k1: Any, k2: Any = None, k3: Any = None, **sums: Any) -> Any:
+        return F.struct(
+            F.lit(tag).alias("tag"),
+            k1.cast("long").alias("k1"),
+            (F.lit(None) if k2 is None else k2).cast("int").alias("k2"),
+            (F.lit(None) if k3 is None else k3).cast("int").alias("k3"),
+            sums.get("dn", F.lit(None)).cast("long").alias("dn"),
+            sums.get("db", F.lit(None)).cast("long").alias("db"),
+            sums.get("arr", F.lit(None)).cast("double").alias("arr"),
+            sums.get("lat", F.lit(None)).cast("double").alias("lat"),
+        )
+
+    steps = backlog_steps(t0, step)
+    arrive, end = steps[0], steps[1]
+    lat = F.col("settled_at") - F.col("delivered_at")
+    items = F.array(
+        item(0, arrive["bucket"], dn=arrive["dn"], db=arrive["db"], arr=arrive["arr"]),
+        item(0, end["bucket"], dn=end["dn"], db=end["db"], arr=end["arr"]),
+        F.when(
+            simple_pair() & (F.col("settle_kind") == 2),
+            item(1, F.col("settled_by"), latency_bucket(lat), fine_code(lat), lat=lat),
+        ),
+        F.when(hard_pair(), item(2, F.col("message_id"))),
+    )
+    return (
+        life.select("q", F.explode(items).alias("s"))
+        .where(F.col("s").isNotNull())
+        .select("q", "s.*")
+        .groupBy("tag", "q", "k1", "k2", "k3")
+        .agg(
+            F.sum("dn").alias("dn"),
+            F.sum("db").alias("db"),
+            F.min("arr").alias("arr"),
+            F.count("lat").alias("n"),
+            F.max("lat").alias("vmax"),
+        )
+    )
 
 
 def _names(counts: Any) -> pa.Table:
