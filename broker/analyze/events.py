@@ -86,6 +86,19 @@ def _is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
 
 
+#: up to how many files of a local journal the driver reads the footers of (schemas, time span)
+FOOTERS_READ = 500
+
+
+def local_files(path: str) -> list[Path] | None:
+    """The closed files of a local journal as Spark reads them (not hidden, not ``_``-named),
+    sorted; ``None`` for a journal on another file system."""
+    if not _is_local(path):
+        return None
+    root = Path(path.removeprefix("file://"))
+    return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith((".", "_")))
+
+
 def check_local_journal(path: str) -> None:
     """Fail early, with a message a person understands, on a local journal that cannot be read."""
     if not _is_local(path):
@@ -93,7 +106,7 @@ def check_local_journal(path: str) -> None:
     root = Path(path.removeprefix("file://"))
     if not root.is_dir():
         raise JournalError(f"{root}: no such journal directory")
-    files = [p for p in root.rglob("*.parquet") if not p.name.startswith((".", "_"))]
+    files = local_files(path) or []
     if not files:
         hidden = list(root.rglob(".*.parquet"))
         extra = (
@@ -125,8 +138,10 @@ def read_events(spark: Any, journal: str | Path) -> Any:
     check_local_journal(path)
     # mergeSchema: without it Spark takes the columns of one file, and a directory mixing files
     # written without the optional ``due_us`` (schema version 1, or version 2 before the column)
-    # and files with it would lose the column silently when that file lacks it
-    df = spark.read.option("basePath", path).option("mergeSchema", "true").parquet(path)
+    # and files with it would lose the column silently when that file lacks it; not needed (and
+    # a Spark job saved) when the driver sees that every file has the same columns
+    merge = "false" if _one_schema(path) else "true"
+    df = spark.read.option("basePath", path).option("mergeSchema", merge).parquet(path)
     if "schema_version" not in df.columns or "ts_us" not in df.columns:
         raise JournalError(f"{path}: not a plugbroker journal (no schema_version/ts_us columns)")
     df = df.withColumn("ts", F.col("ts_us") / F.lit(1e6))
@@ -136,11 +151,56 @@ def read_events(spark: Any, journal: str | Path) -> Any:
     return df.withColumn("due", due.cast("double"))
 
 
-def span(events: Any) -> tuple[float, float]:
-    """The journal's first and last event time (seconds), from its one numeric ``ts_us`` column
-    (no string is decoded: a fraction of a full pass)."""
+def _one_schema(path: str) -> bool:
+    """Whether every file of a local journal (of at most :data:`FOOTERS_READ`) has the same
+    columns, as their footers say."""
+    files = local_files(path)
+    if not files or len(files) > FOOTERS_READ:
+        return False
+    import pyarrow.parquet as pq
+
+    first = pq.read_schema(files[0]).remove_metadata()
+    return all(pq.read_schema(f).remove_metadata().equals(first) for f in files[1:])
+
+
+def _footer_span(path: str) -> tuple[float, float] | None:
+    """The first and last ``ts_us`` of a local journal (of at most :data:`FOOTERS_READ` files)
+    from its files' column statistics, in seconds; ``None`` when a file has none."""
+    files = local_files(path)
+    if not files or len(files) > FOOTERS_READ:
+        return None
+    import pyarrow.parquet as pq
+
+    lo: int | None = None
+    hi: int | None = None
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+        if "ts_us" not in names:
+            return None
+        col = names.index("ts_us")
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            if group.num_rows == 0:
+                continue
+            stats = group.column(col).statistics
+            if stats is None or not stats.has_min_max:
+                return None
+            lo = stats.min if lo is None else min(lo, stats.min)
+            hi = stats.max if hi is None else max(hi, stats.max)
+    return None if lo is None or hi is None else (lo / 1e6, hi / 1e6)
+
+
+def span(events: Any, journal: str | Path | None = None) -> tuple[float, float]:
+    """The journal's first and last event time (seconds): for a local ``journal``, from its
+    files' statistics (no Spark job); else from its one numeric ``ts_us`` column (no string is
+    decoded: a fraction of a full pass)."""
     from pyspark.sql import functions as F
 
+    if journal is not None:
+        got = _footer_span(str(journal))
+        if got is not None:
+            return got
     row = events.agg(F.min("ts_us"), F.max("ts_us")).collect()[0]
     if row[0] is None:
         raise JournalError("the journal holds no events")

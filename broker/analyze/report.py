@@ -138,7 +138,7 @@ def report(
 
     progress.step(f"reading {journal}")
     events = read_events(spark, journal)
-    t0, t1 = span(events)
+    t0, t1 = span(events, journal)
     step = nice_step(max(t1 - t0, 1e-3), buckets)
 
     with Scratch(spark, scratch) as work:

@@ -268,3 +268,22 @@ def test_the_backtest_spreads_the_queues_over_its_tasks_by_their_events(spark):
     # as good as the busiest queue allows: no task above an even share plus the busiest queue
     assert max(load) <= sum(sizes.values()) / 4 + max(sizes.values())
     assert max(load) < 0.3 * sum(sizes.values())
+
+
+def test_a_local_journals_time_span_and_schema_come_from_its_footers(spark, recording, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from plugbroker.analyze.events import _one_schema, read_events, span
+
+    for journal in (recording.journal, Path(__file__).parent / "fixtures" / "journal-v1"):
+        events = read_events(spark, journal)
+        assert span(events, journal) == span(events)  # footers, then a Spark job
+        assert _one_schema(str(journal))
+    # files with different columns (a journal written across an upgrade): Spark merges them
+    pq.write_table(pa.table({"ts_us": [1_000_000], "seq": [1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"ts_us": [3_000_000], "due_us": [5]}), tmp_path / "b.parquet")
+    assert not _one_schema(str(tmp_path))
+    from plugbroker.analyze.events import _footer_span
+
+    assert _footer_span(str(tmp_path)) == (1.0, 3.0)
