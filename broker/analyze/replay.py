@@ -411,21 +411,12 @@ class Replayer:
     # -- driving ----------------------------------------------------------------------------------
 
     def feed(self, ev: Sequence[Any]) -> None:
-        ts = ev[TS]
-        if ev[RUN] != self._run:
-            self._switch_run(ev[RUN])
-        if ts > self._clock:
-            if ts > self._next_due:
-                self._checks_until(ts)
-            self._clock = ts
-        self.events += 1
-        handler = _HANDLERS.get(ev[EVENT])
-        if handler is not None:
-            handler(self, ev, self._clock)
+        """One event, in journal order: the checks due before it run first."""
+        self.feed_all((ev,))
 
     def feed_all(self, events: Iterable[Sequence[Any]]) -> Replayer:
-        """:meth:`feed` each event (the same steps, inlined: this loop runs once per event of
-        the journal)."""
+        """:meth:`feed` each event (one loop, run once per event of the journal: its steps are
+        written out here rather than a call per event)."""
         handlers = _HANDLERS
         for ev in events:
             ts = ev[TS]
