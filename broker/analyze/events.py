@@ -3,6 +3,7 @@
 * :func:`read_events`: the journal's closed files as one DataFrame, schema version checked, with
   ``ts`` (seconds, double) added;
 * :func:`message_facts`: one row per message per queue, from the one big shuffle of a report;
+  queues there are a 64-bit key (:func:`queue_key`, mapped back by :func:`queue_names`);
 * :func:`lifecycles`: from those, when each message arrived (published, or put there by the
   broker: a dead letter, a delayed release, a retry or redrive copy) and when it left (acked,
   dead-lettered, dropped, expired, settled at a no-ack delivery, purged, gone back from a retry
@@ -20,9 +21,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plugbroker.plugins.journal import METADATA_KEY, SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: events that concern one message in one queue
 MESSAGE_EVENTS = (
@@ -277,17 +281,24 @@ def queue_key(vhost: Any = "vhost", queue: Any = "queue") -> Any:
     )
 
 
-def queue_names(df: Any) -> Any:
+def queue_names(df: Any) -> pa.Table:
     """``q`` (:func:`queue_key`), ``vhost`` and ``queue`` of every queue named in ``df`` (the
-    journal, or anything smaller with ``vhost`` and ``queue`` columns)."""
+    journal, or anything smaller with ``vhost`` and ``queue`` columns), on the driver; refused
+    if two names share a key (a 64-bit hash: about one chance in 10^11 for a journal of ten
+    thousand queues)."""
+    import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
-    return (
+    names = (
         df.where(F.col("queue").isNotNull())
         .select("vhost", "queue")
         .distinct()
         .select(queue_key().alias("q"), "vhost", "queue")
+        .toArrow()
     )
+    if pc.count_distinct(names.column("q")).as_py() != names.num_rows:
+        raise JournalError("two queue names of this journal hash to the same 64-bit key")
+    return names
 
 
 def message_facts(events: Any) -> Any:
@@ -322,7 +333,6 @@ def message_facts(events: Any) -> Any:
             F.min(F.when(removal, ts)).alias("removed_at"),
             F.max("body_size").alias("body_size"),
             F.sum(delivery.cast("int")).alias("deliveries"),
-            F.sum((ev == "redelivered").cast("int")).alias("redeliveries"),
             F.sum(settle.cast("int")).alias("settlements"),
             F.max(F.when(delivery, ts)).alias("delivered_at"),
             F.max(F.when(delivery, chan)).alias("delivered_chan"),
@@ -389,7 +399,6 @@ def lifecycles(
         end.alias("end"),
         "body_size",
         "deliveries",
-        "redeliveries",
         *keep,
     )
 
@@ -401,7 +410,7 @@ def settlements(events: Any, facts: Any) -> Any:
     consumer), kind (``acked``/``rejected``), delivered_at, settled_at, latency (seconds).
 
     The common case (one delivery and one settlement on the same channel) comes straight from
-    :func:`message_facts` (:func:`simple_pairs`). Messages delivered more than once on a channel
+    :func:`message_facts` (:func:`simple_pair`). Messages delivered more than once on a channel
     (requeued back to the same consumer, as a poison message is) are paired event by event
     (:func:`paired_events`): a settlement settles the latest delivery before it on its channel.
     """

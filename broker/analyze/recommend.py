@@ -182,7 +182,8 @@ def recommend(
         progress.step("processing times")
         facts = work.materialize(message_facts(events), "facts")
         pairs = settlements(events, facts).where(F.col("kind") == "acked")
-        names = {r["q"]: (r["vhost"], r["queue"]) for r in queue_names(events).collect()}
+        known = queue_names(events).to_pylist()
+        names = {r["q"]: (r["vhost"], r["queue"]) for r in known}
         lat = {
             names[r["q"]]: r
             for r in pairs.groupBy("q")

@@ -28,6 +28,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from plugbroker.analyze.events import (
+    BROADCAST_ROWS,
     LATENCY_BOUNDS,
     MESSAGE_EVENTS,
     backlog_series,
@@ -161,7 +162,7 @@ def report(
             f"{t1 - t0:.1f} s of traffic, buckets of {step:g} s"
         )
         kind = rare.column("event")
-        names = _names(counts)
+        names = queue_names(counts)
 
         progress.step("message lifecycles and processing times, in one shuffle")
         run_table = spark.createDataFrame(
@@ -183,9 +184,10 @@ def report(
         progress.step(
             "backlog and oldest-message age over time; pairing the other deliveries with acks"
         )
-        acked = paired_events(events, F.broadcast(spark.createDataFrame(hard))).where(
-            F.col("kind") == "acked"
-        )
+        hard_df = spark.createDataFrame(hard)
+        if hard.num_rows <= BROADCAST_ROWS:  # else a shuffle join: too many keys to send each task
+            hard_df = F.broadcast(hard_df)
+        acked = paired_events(events, hard_df).where(F.col("kind") == "acked")
         series, paired = run_together(
             lambda: backlog_series(
                 events, None, t0, step, counts, deltas=spark.createDataFrame(deltas)
@@ -580,18 +582,6 @@ def _per_message(life: Any, t0: float, step: float) -> Any:
             F.max("lat").alias("vmax"),
         )
     )
-
-
-def _names(counts: Any) -> pa.Table:
-    """``q`` (:func:`~plugbroker.analyze.events.queue_key`), ``vhost`` and ``queue`` of every
-    queue in the journal, from its counts; refused if two names share a key (a 64-bit hash:
-    about one chance in 10^11 for a journal of ten thousand queues)."""
-    names = queue_names(counts).toArrow()
-    if pc.count_distinct(names.column("q")).as_py() != names.num_rows:
-        from plugbroker.analyze.events import JournalError
-
-        raise JournalError("two queue names of this journal hash to the same 64-bit key")
-    return names
 
 
 def _named(tbl: pa.Table, names: pa.Table) -> pa.Table:
