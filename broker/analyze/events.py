@@ -142,10 +142,18 @@ def read_events(spark: Any, journal: str | Path) -> Any:
     check_local_journal(path)
     # mergeSchema: without it Spark takes the columns of one file, and a directory mixing files
     # written without the optional ``due_us`` (schema version 1, or version 2 before the column)
-    # and files with it would lose the column silently when that file lacks it; not needed (and
-    # a Spark job saved) when the driver sees that every file has the same columns
-    merge = "false" if _one_schema(path) else "true"
-    df = spark.read.option("basePath", path).option("mergeSchema", merge).parquet(path)
+    # and files with it would lose the column silently when that file lacks it. When the driver
+    # sees in the footers that every file has the same columns, it gives Spark that schema:
+    # no merge, and no Spark job to infer it (a second saved at a cold start)
+    shared = _one_schema(path)
+    reader = spark.read.option("basePath", path)
+    if shared is None:
+        reader = reader.option("mergeSchema", "true")
+    else:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        reader = reader.schema(from_arrow_schema(shared))
+    df = reader.parquet(path)
     if "schema_version" not in df.columns or "ts_us" not in df.columns:
         raise JournalError(f"{path}: not a plugbroker journal (no schema_version/ts_us columns)")
     df = df.withColumn("ts", F.col("ts_us") / F.lit(1e6))
@@ -155,21 +163,34 @@ def read_events(spark: Any, journal: str | Path) -> Any:
     return df.withColumn("due", due.cast("double"))
 
 
-def _one_schema(path: str) -> bool:
-    """Whether every file of a local journal (of at most :data:`FOOTERS_READ`) has the same
-    columns, as their footers say."""
+def _one_schema(path: str) -> pa.Schema | None:
+    """The columns every file of a local journal (of at most :data:`FOOTERS_READ`) has, as
+    their footers say; ``None`` if they differ, or for a journal the driver does not read."""
     files = local_files(path)
     if not files or len(files) > FOOTERS_READ:
-        return False
+        return None
     import pyarrow.parquet as pq
 
     first = pq.read_schema(files[0]).remove_metadata()
-    return all(pq.read_schema(f).remove_metadata().equals(first) for f in files[1:])
+    if all(pq.read_schema(f).remove_metadata().equals(first) for f in files[1:]):
+        return first
+    return None
 
 
 def _footer_span(path: str) -> tuple[float, float] | None:
     """The first and last ``ts_us`` of a local journal (of at most :data:`FOOTERS_READ` files)
     from its files' column statistics, in seconds; ``None`` when a file has none."""
+    got = _footer_stats(path)
+    return None if got is None else got[0]
+
+
+def _footer_stats(
+    path: str,
+) -> tuple[tuple[float, float], dict[str, tuple[float, float]] | None] | None:
+    """From the column statistics of a local journal's files (of at most :data:`FOOTERS_READ`):
+    its first and last ``ts_us`` in seconds, and per broker run its first and last (``None``
+    when a row group holds more than one run, or has no statistics of ``run``); ``None`` when
+    a file has no statistics of ``ts_us``."""
     files = local_files(path)
     if not files or len(files) > FOOTERS_READ:
         return None
@@ -177,12 +198,14 @@ def _footer_span(path: str) -> tuple[float, float] | None:
 
     lo: int | None = None
     hi: int | None = None
+    per_run: dict[str, tuple[int, int]] | None = {}
     for f in files:
         meta = pq.ParquetFile(f).metadata
         names = [meta.schema.column(i).name for i in range(meta.num_columns)]
         if "ts_us" not in names:
             return None
         col = names.index("ts_us")
+        run_col = names.index("run") if "run" in names else None
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
             if group.num_rows == 0:
@@ -192,7 +215,26 @@ def _footer_span(path: str) -> tuple[float, float] | None:
                 return None
             lo = stats.min if lo is None else min(lo, stats.min)
             hi = stats.max if hi is None else max(hi, stats.max)
-    return None if lo is None or hi is None else (lo / 1e6, hi / 1e6)
+            run = None if run_col is None else group.column(run_col).statistics
+            if (
+                per_run is None
+                or run is None
+                or not run.has_min_max
+                or run.null_count
+                or run.min != run.max
+            ):
+                per_run = None
+                continue
+            was = per_run.get(run.min)
+            per_run[run.min] = (
+                (stats.min, stats.max)
+                if was is None
+                else (min(was[0], stats.min), max(was[1], stats.max))
+            )
+    if lo is None or hi is None:
+        return None
+    runs_ = None if per_run is None else {r: (a / 1e6, b / 1e6) for r, (a, b) in per_run.items()}
+    return (lo / 1e6, hi / 1e6), runs_
 
 
 def span(events: Any, journal: str | Path | None = None) -> tuple[float, float]:
@@ -211,11 +253,28 @@ def span(events: Any, journal: str | Path | None = None) -> tuple[float, float]:
     return row[0] / 1e6, row[1] / 1e6
 
 
-def runs(events: Any) -> Any:
-    """One row per journal run: ``run``, ``run_start``, ``run_end`` (seconds)."""
+def runs(events: Any, journal: str | Path | None = None) -> Any:
+    """One row per journal run: ``run``, ``run_start``, ``run_end`` (seconds) and ``last``
+    (the run that started last). For a local ``journal`` whose row groups each hold one run,
+    from its files' statistics (no pass over the events), else from ``events``."""
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
+    got = None if journal is None else _footer_stats(str(journal))
+    if got is not None and got[1]:
+        import pyarrow as pa
+
+        bounds = got[1]
+        newest = max(start for start, _ in bounds.values())
+        table = pa.table(
+            {
+                "run": pa.array(list(bounds), pa.string()),
+                "run_start": pa.array([b[0] for b in bounds.values()], pa.float64()),
+                "run_end": pa.array([b[1] for b in bounds.values()], pa.float64()),
+                "last": pa.array([b[0] == newest for b in bounds.values()], pa.bool_()),
+            }
+        )
+        return events.sparkSession.createDataFrame(table)
     per = events.groupBy("run").agg(F.min("ts").alias("run_start"), F.max("ts").alias("run_end"))
     latest = F.max("run_start").over(Window.partitionBy())
     return per.withColumn("last", F.col("run_start") == latest)
@@ -614,75 +673,95 @@ def backlog_steps(t0: float, step: float) -> Any:
     )
 
 
-def backlog_series(
-    events: Any, life: Any, t0: float, step: float, counts: Any = None, deltas: Any = None
-) -> Any:
-    """Per queue (``q``, :func:`queue_key`) and bucket: counts of each event in the bucket, and
-    at the bucket's end the
-    messages and bytes held and the age of the oldest. Sparse: only buckets where something
-    happened to the queue appear (the figures carry over unchanged in between, except the age,
-    which grows).
-
-    ``counts``: :func:`bucket_counts` for the same ``t0`` and ``step`` if already computed (the
-    event counts then come from it, not from another pass over ``events``). ``deltas``: the
-    steps (:func:`backlog_steps`) summed per ``q`` and ``bucket`` (``dn``, ``db``,
-    ``min_arrival_ending``) if already computed (``life`` is then not read).
-    """
+def backlog_deltas(life: Any, t0: float, step: float) -> Any:
+    """On :func:`lifecycles`: per queue (``q``) and bucket, the backlog's steps summed
+    (:func:`backlog_steps`): ``dn``, ``db`` and ``min_arrival_ending``, the earliest arrival of
+    the messages that end in the bucket (a DataFrame)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.window import Window
 
-    def bucket(c: Any) -> Any:
-        return _bucket(c, t0, step)
-
-    if deltas is None:
-        deltas = (
-            life.select("q", F.explode(backlog_steps(t0, step)).alias("s"))
-            .select("q", "s.*")
-            .groupBy("q", "bucket")
-            .agg(
-                F.sum("dn").alias("dn"),
-                F.sum("db").alias("db"),
-                F.min("arr").alias("min_arrival_ending"),
-            )
+    return (
+        life.select("q", F.explode(backlog_steps(t0, step)).alias("s"))
+        .select("q", "s.*")
+        .groupBy("q", "bucket")
+        .agg(
+            F.sum("dn").alias("dn"),
+            F.sum("db").alias("db"),
+            F.min("arr").alias("min_arrival_ending"),
         )
+    )
+
+
+def queue_bucket_counts(
+    events: Any = None, t0: float = 0.0, step: float = 1.0, counts: Any = None
+) -> Any:
+    """Per queue (``q``) and bucket, how many of each of :data:`MESSAGE_EVENTS` happened (a
+    DataFrame, a column per event): from :func:`bucket_counts` for the same ``t0`` and ``step``
+    when given as ``counts``, else from a pass over ``events``."""
+    from pyspark.sql import functions as F
+
     ev = F.col("event")
     if counts is None:
-        counts = (
+        return (
             events.where(F.col("queue").isNotNull() & ev.isin(*MESSAGE_EVENTS))
-            .groupBy(queue_key().alias("q"), bucket(F.col("ts")).alias("bucket"))
+            .groupBy(queue_key().alias("q"), _bucket(F.col("ts"), t0, step).alias("bucket"))
             .agg(*[F.sum((ev == e).cast("long")).alias(e) for e in MESSAGE_EVENTS])
         )
-    else:
-        counts = (
-            counts.where(F.col("queue").isNotNull() & ev.isin(*MESSAGE_EVENTS))
-            .groupBy(queue_key().alias("q"), "bucket")
-            .agg(
-                *[F.sum(F.when(ev == e, F.col("n")).otherwise(0)).alias(e) for e in MESSAGE_EVENTS]
-            )
-        )
-    rows = deltas.join(counts, ["q", "bucket"], "full").na.fill(0, ["dn", "db", *MESSAGE_EVENTS])
-    upto = (
-        Window.partitionBy("q")
-        .orderBy("bucket")
-        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    return (
+        counts.where(F.col("queue").isNotNull() & ev.isin(*MESSAGE_EVENTS))
+        .groupBy(queue_key().alias("q"), "bucket")
+        .agg(*[F.sum(F.when(ev == e, F.col("n")).otherwise(0)).alias(e) for e in MESSAGE_EVENTS])
     )
-    after = Window.partitionBy("q").orderBy("bucket").rowsBetween(1, Window.unboundedFollowing)
-    t_end = F.lit(t0) + (F.col("bucket") + 1) * F.lit(step)
-    # the oldest message held at the end of bucket b is the earliest arrival among messages
-    # that end after b; if that arrival is after the bucket's end, nothing is held
-    series = rows.select(
-        "q",
-        "bucket",
-        *MESSAGE_EVENTS,
-        F.sum("dn").over(upto).alias("messages"),
-        F.sum("db").over(upto).alias("bytes"),
-        F.min("min_arrival_ending").over(after).alias("oldest_arrival"),
-        t_end.alias("t"),
-    ).where(F.col("bucket") < F.lit(NEVER_BUCKET))
-    age = F.when(
-        F.col("oldest_arrival").isNotNull()
-        & (F.col("oldest_arrival") <= F.col("t"))
-        & (F.col("messages") > 0),
-        F.col("t") - F.col("oldest_arrival"),
-    ).otherwise(0.0)
-    return series.withColumn("oldest_age", age).drop("oldest_arrival")
+
+
+def backlog_series(deltas: pa.Table, counts: pa.Table, t0: float, step: float) -> pa.Table:
+    """Per queue (``q``) and bucket: the counts of each event in the bucket, and at the
+    bucket's end (``t``) the messages and bytes held and the age of the oldest
+    (``oldest_age``). Sparse: only buckets where something happened to the queue appear (the
+    figures carry over unchanged in between, except the age, which grows).
+
+    On the driver, from two small tables, each per queue and bucket: ``deltas``
+    (:func:`backlog_deltas`) and ``counts`` (:func:`queue_bucket_counts`). A running sum per
+    queue gives what is held; the oldest message held at the end of bucket b is the earliest
+    arrival among the messages that end after b (if that arrival is after the bucket's end,
+    nothing is held).
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = deltas.join(counts, ["q", "bucket"], join_type="full outer", use_threads=False)
+    rows = rows.sort_by([("q", "ascending"), ("bucket", "ascending")])
+    q = rows.column("q").to_numpy()
+    bucket = rows.column("bucket").to_numpy()
+    n = len(q)
+    starts = np.flatnonzero(np.r_[True, q[1:] != q[:-1]]) if n else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], n].astype(np.int64)
+
+    def filled(name: str) -> Any:
+        return pc.fill_null(rows.column(name), 0).to_numpy().astype(np.int64)
+
+    def running_sum(values: Any) -> Any:
+        total = np.cumsum(values)
+        before = np.r_[0, total[starts[1:] - 1]] if n else total
+        return total - np.repeat(before, ends - starts)
+
+    arrival = pc.fill_null(rows.column("min_arrival_ending"), np.inf).to_numpy()
+    oldest = np.full(n, np.inf)
+    for s, e in zip(starts, ends):  # per queue: the earliest arrival among the later buckets
+        if e - s > 1:
+            oldest[s : e - 1] = np.minimum.accumulate(arrival[s + 1 : e][::-1])[::-1]
+    messages = running_sum(filled("dn"))
+    t = t0 + (bucket + 1).astype(np.float64) * step
+    held = (oldest <= t) & (messages > 0)  # (an infinite arrival is never held)
+    age = np.where(held, t - np.where(held, oldest, 0.0), 0.0)
+    keep = bucket < NEVER_BUCKET
+    columns = {
+        "q": q,
+        "bucket": bucket,
+        **{e: filled(e) for e in MESSAGE_EVENTS},
+        "messages": messages,
+        "bytes": running_sum(filled("db")),
+        "t": t,
+        "oldest_age": age,
+    }
+    return pa.table({k: pa.array(v[keep]) for k, v in columns.items()})

@@ -42,16 +42,18 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from plugbroker.analyze.events import (
+    backlog_deltas,
     backlog_series,
     lifecycles,
     message_facts,
     nice_step,
+    queue_bucket_counts,
     queue_names,
     read_events,
     runs,
     settlements,
 )
-from plugbroker.analyze.spark import Progress, Scratch, get_spark
+from plugbroker.analyze.spark import Progress, Scratch, get_spark, run_together
 from plugbroker.config import DEFAULT_TOPIC_EXCHANGE
 from plugbroker.config.units import format_duration, format_size
 
@@ -197,16 +199,21 @@ def recommend(
 
         progress.step("backlogs")
         life = lifecycles(facts, events, run_table)
-        series = backlog_series(events, life, t0, step)
+        deltas, per_bucket = run_together(
+            lambda: backlog_deltas(life, t0, step).toArrow(),
+            lambda: queue_bucket_counts(events, t0, step).toArrow(),
+        )
+        series = backlog_series(deltas, per_bucket, t0, step)
+        peaks = series.group_by("q", use_threads=False).aggregate(
+            [("messages", "max"), ("bytes", "max"), ("oldest_age", "max")]
+        )
         backlog = {
-            names[r["q"]]: r
-            for r in series.groupBy("q")
-            .agg(
-                F.max("messages").alias("messages"),
-                F.max("bytes").alias("bytes"),
-                F.max("oldest_age").alias("age"),
-            )
-            .collect()
+            names[r["q"]]: {
+                "messages": r["messages_max"],
+                "bytes": r["bytes_max"],
+                "age": r["oldest_age_max"],
+            }
+            for r in peaks.to_pylist()
         }
 
     progress.step("queues, bindings and consumers")

@@ -43,9 +43,11 @@ from plugbroker.analyze.events import (
     message_facts,
     nice_step,
     paired_events,
+    queue_bucket_counts,
     queue_key,
     queue_names,
     read_events,
+    runs,
     simple_pair,
     span,
 )
@@ -61,7 +63,7 @@ TABLES = (
     "redeliveries",
     "policy_actions",
 )
-STEPS = 11
+STEPS = 10
 FATE_EVENTS = ("dead_lettered", "dropped", "redelivered")
 FATE_SCHEMA = pa.schema(
     [
@@ -143,11 +145,16 @@ def report(
     step = nice_step(max(t1 - t0, 1e-3), buckets)
 
     with Scratch(spark, scratch) as work:
-        progress.step("counting events; reading the rare ones")
-        # two passes over the journal, run side by side (see run_together): the counts (the
-        # overview, the series' event counts and the consumers' figures all come out of them)
-        # and the rare events (grouped and sorted here on the driver)
-        counts, rare = run_together(
+        progress.step("following each message; counting events; reading the rare ones")
+        # three passes over the journal, run side by side (see run_together): everything the
+        # report needs of each message (one shuffle: lifecycles, backlog steps, most processing
+        # times), the counts (the overview, the series' event counts and the consumers'
+        # figures all come out of them) and the rare events (grouped and sorted here on the
+        # driver). The lifecycles need the runs' bounds (from the footers of a local journal)
+        # and the queue deletions (a narrow pass of their own), not the other two passes
+        life = lifecycles(message_facts(events), events, runs(events, journal), keep=PAIR_COLUMNS)
+        one, counts, rare = run_together(
+            lambda: _per_message(life, t0, step).toArrow(),
             lambda: work.materialize(bucket_counts(events, t0, step), "counts"),
             lambda: (
                 events.where(F.col("event").isin(*RARE_EVENTS))
@@ -163,17 +170,6 @@ def report(
         )
         kind = rare.column("event")
         names = queue_names(counts)
-
-        progress.step("message lifecycles and processing times, in one shuffle")
-        run_table = spark.createDataFrame(
-            [(r["run"], r["run_start"], r["run_end"], r["last"]) for r in run_rows],
-            "run string, run_start double, run_end double, last boolean",
-        )
-        deleted = spark.createDataFrame(
-            rare.filter(pc.equal(kind, "queue_deleted")).select(["vhost", "queue", "ts"])
-        )
-        life = lifecycles(message_facts(events), events, run_table, deleted, keep=PAIR_COLUMNS)
-        one = _per_message(life, t0, step).toArrow()
         tag = one.column("tag")
         deltas = one.filter(pc.equal(tag, 0)).select(["q", "k1", "dn", "db", "arr"])
         deltas = deltas.rename_columns(["q", "bucket", "dn", "db", "min_arrival_ending"])
@@ -188,10 +184,10 @@ def report(
         if hard.num_rows <= BROADCAST_ROWS:  # else a shuffle join: too many keys to send each task
             hard_df = F.broadcast(hard_df)
         acked = paired_events(events, hard_df).where(F.col("kind") == "acked")
-        series, paired = run_together(
-            lambda: backlog_series(
-                events, None, t0, step, counts, deltas=spark.createDataFrame(deltas)
-            ).toArrow(),
+        # the event counts per queue and bucket (from the counts) and the pairs, side by side;
+        # the backlog over time is then a running sum per queue, here on the driver
+        per_bucket, paired = run_together(
+            lambda: queue_bucket_counts(counts=counts).toArrow(),
             lambda: (
                 acked.groupBy(
                     "q",
@@ -203,6 +199,7 @@ def report(
                 .toArrow()
             ),
         )
+        series = backlog_series(deltas, per_bucket, t0, step)
         series = _sorted(_named(series, names), "vhost", "queue", "bucket")
         fine = (
             pa.concat_tables([simple, paired.cast(simple.schema)])

@@ -207,7 +207,8 @@ class Scratch:
             self._n += 1
             where = f"{self.path.rstrip('/')}/{self._n:02d}-{name}"
         df.write.mode("overwrite").parquet(where)
-        return self.spark.read.parquet(where)
+        # with the schema it was written with: Spark then starts no job to infer it
+        return self.spark.read.schema(df.schema).parquet(where)
 
     def __enter__(self) -> Scratch:
         return self

@@ -279,11 +279,15 @@ def test_a_local_journals_time_span_and_schema_come_from_its_footers(spark, reco
     for journal in (recording.journal, Path(__file__).parent / "fixtures" / "journal-v1"):
         events = read_events(spark, journal)
         assert span(events, journal) == span(events)  # footers, then a Spark job
-        assert _one_schema(str(journal))
+        shared = _one_schema(str(journal))
+        assert shared is not None
+        # the schema given to Spark from the footers is the one Spark infers itself
+        inferred = spark.read.option("basePath", str(journal)).parquet(str(journal))
+        assert events.drop("ts", "due").schema == inferred.schema
     # files with different columns (a journal written across an upgrade): Spark merges them
     pq.write_table(pa.table({"ts_us": [1_000_000], "seq": [1]}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"ts_us": [3_000_000], "due_us": [5]}), tmp_path / "b.parquet")
-    assert not _one_schema(str(tmp_path))
+    assert _one_schema(str(tmp_path)) is None
     from plugbroker.analyze.events import _footer_span
 
     assert _footer_span(str(tmp_path)) == (1.0, 3.0)
