@@ -29,7 +29,7 @@ from typing import Any
 
 from plugbroker.analyze.events import QUEUE_EVENTS, read_events
 from plugbroker.analyze.replay import COLUMNS, load_candidate, policy_checks, replay_partition
-from plugbroker.analyze.spark import Progress, get_spark
+from plugbroker.analyze.spark import Progress, arrow_batches_by_rows, get_spark
 
 ACTION_COLUMNS = (
     "at",
@@ -202,7 +202,8 @@ def backtest(
     )
     # Arrow batches into the Python workers and JSON lines back: several times cheaper than
     # pickled Rows (the replay itself is then most of the Python time)
-    out_rows = _collect_with_progress(spark, parted.mapInArrow(fn, "json string"), progress)
+    with arrow_batches_by_rows(spark):
+        out_rows = _collect_with_progress(spark, parted.mapInArrow(fn, "json string"), progress)
     rows = [json.loads(r["json"]) for r in out_rows]
     replayed = sum(r["events"] for r in rows if "_stats" in r)
     actions = sorted(

@@ -485,7 +485,7 @@ def settlements(events: Any, facts: Any) -> Any:
         (F.col("settled_at") - F.col("delivered_at")).alias("latency"),
     )
     hard = facts.where(hard_pair()).select("q", "message_id")
-    return simple.unionByName(paired_events(events, broadcast_if_small(hard)))
+    return simple.unionByName(paired_events(events, hard, broadcast_if_small(hard)))
 
 
 def simple_pair() -> Any:
@@ -508,9 +508,14 @@ def hard_pair() -> Any:
     return ~simple_pair() & (F.col("deliveries") >= 1) & (F.col("settlements") >= 1)
 
 
-def paired_events(events: Any, hard: Any) -> Any:
+def paired_events(events: Any, hard: Any, broadcast: bool = False) -> Any:
     """The settlements of the messages in ``hard`` (``q``, ``message_id``), each paired with the
-    latest delivery before it on its channel: the columns of :func:`settlements`."""
+    latest delivery before it on its channel: the columns of :func:`settlements`.
+
+    ``broadcast``: ``hard`` is small enough to send to every task (see
+    :func:`broadcast_if_small`); the events are then first matched on the message id alone (a
+    number), so the strings of the events of other messages are never read.
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
@@ -518,12 +523,11 @@ def paired_events(events: Any, hard: Any) -> Any:
     d = events.where(
         ((ev == "delivered") & ~F.coalesce(F.col("no_ack"), F.lit(False)))
         | ev.isin("acked", "rejected")
-    )
-    d = (
-        d.where(F.col("message_id").isNotNull() & F.col("queue").isNotNull())
-        .withColumn("q", queue_key())
-        .join(hard, ["q", "message_id"], "left_semi")
-    )
+    ).where(F.col("message_id").isNotNull() & F.col("queue").isNotNull())
+    if broadcast:
+        d = d.join(F.broadcast(hard.select("message_id")), "message_id", "left_semi")
+        hard = F.broadcast(hard)
+    d = d.withColumn("q", queue_key()).join(hard, ["q", "message_id"], "left_semi")
     key = ["q", "message_id", "connection_id", "channel_id"]
     w = (
         Window.partitionBy(*key)
@@ -559,12 +563,11 @@ def paired_events(events: Any, hard: Any) -> Any:
 BROADCAST_ROWS = 1_000_000
 
 
-def broadcast_if_small(df: Any, limit: int = BROADCAST_ROWS) -> Any:
-    """``df`` marked for a broadcast join when it has at most ``limit`` rows (counted: Spark's
-    size estimate of a filtered table is its whole input, so it would shuffle both sides)."""
-    from pyspark.sql import functions as F
-
-    return F.broadcast(df) if df.count() <= limit else df
+def broadcast_if_small(df: Any, limit: int = BROADCAST_ROWS) -> bool:
+    """Whether ``df`` has at most ``limit`` rows, to be sent to every task of a join (counted:
+    Spark's size estimate of a filtered table is its whole input, so it would shuffle both
+    sides)."""
+    return bool(df.count() <= limit)
 
 
 def latency_bucket(col: Any) -> Any:
@@ -652,23 +655,38 @@ def backlog_steps(t0: float, step: float) -> Any:
     structs (``bucket``, ``dn``, ``db``, ``arr``): +1 message and +size bytes in its arrival
     bucket, -1 and -size in its end bucket (:data:`NEVER_BUCKET`, and no change, if it is still
     held), where it also brings its arrival (the minimum arrival of the messages ending in a
-    bucket gives the oldest message held: see :func:`backlog_series`)."""
+    bucket gives the oldest message held: see :func:`backlog_series`).
+
+    Both are null for a message that arrives and ends in the same bucket, as most do: it
+    changes nothing held at any bucket's end, and its arrival, after the end of every earlier
+    bucket, never makes an earlier bucket's oldest message (a message held there arrived
+    before it). Skipping them takes most of the rows out of the aggregation that sums them.
+    """
     from pyspark.sql import functions as F
 
     big = F.lit(NEVER_BUCKET).cast("long")
     ended = F.col("end") < F.lit(NEVER)
+    arrives = _bucket(F.col("arrival"), t0, step)
+    ends = F.when(ended, _bucket(F.col("end"), t0, step)).otherwise(big)
+    moves = arrives != ends
     return F.array(
-        F.struct(
-            _bucket(F.col("arrival"), t0, step).alias("bucket"),
-            F.lit(1).alias("dn"),
-            F.col("body_size").alias("db"),
-            F.lit(None).cast("double").alias("arr"),
+        F.when(
+            moves,
+            F.struct(
+                arrives.alias("bucket"),
+                F.lit(1).alias("dn"),
+                F.col("body_size").alias("db"),
+                F.lit(None).cast("double").alias("arr"),
+            ),
         ),
-        F.struct(
-            F.when(ended, _bucket(F.col("end"), t0, step)).otherwise(big).alias("bucket"),
-            F.when(ended, -1).otherwise(0).alias("dn"),
-            F.when(ended, -F.col("body_size")).otherwise(0).alias("db"),
-            F.col("arrival").alias("arr"),
+        F.when(
+            moves,
+            F.struct(
+                ends.alias("bucket"),
+                F.when(ended, -1).otherwise(0).alias("dn"),
+                F.when(ended, -F.col("body_size")).otherwise(0).alias("db"),
+                F.col("arrival").alias("arr"),
+            ),
         ),
     )
 
@@ -681,6 +699,7 @@ def backlog_deltas(life: Any, t0: float, step: float) -> Any:
 
     return (
         life.select("q", F.explode(backlog_steps(t0, step)).alias("s"))
+        .where(F.col("s").isNotNull())
         .select("q", "s.*")
         .groupBy("q", "bucket")
         .agg(

@@ -146,50 +146,28 @@ def report(
 
     with Scratch(spark, scratch) as work:
         progress.step("following each message; counting events; reading the rare ones")
-        # three passes over the journal, run side by side (see run_together): everything the
-        # report needs of each message (one shuffle: lifecycles, backlog steps, most processing
-        # times), the counts (the overview, the series' event counts and the consumers'
-        # figures all come out of them) and the rare events (grouped and sorted here on the
-        # driver). The lifecycles need the runs' bounds (from the footers of a local journal)
-        # and the queue deletions (a narrow pass of their own), not the other two passes
+        # three passes over the journal, run side by side (see run_together), each followed by
+        # what needs only its result, so that both cores stay busy until all is done:
+        #
+        # * everything the report needs of each message (one shuffle: lifecycles, backlog
+        #   steps, most processing times), then the messages that need their deliveries and
+        #   acks paired event by event. The lifecycles need the runs' bounds (from the footers
+        #   of a local journal) and the queue deletions (a narrow pass of their own);
+        # * the counts (the overview, the series' event counts and the consumers' figures all
+        #   come out of them);
+        # * the rare events (grouped and sorted here on the driver).
         life = lifecycles(message_facts(events), events, runs(events, journal), keep=PAIR_COLUMNS)
-        one, counts, rare = run_together(
-            lambda: _per_message(life, t0, step).toArrow(),
-            lambda: work.materialize(bucket_counts(events, t0, step), "counts"),
-            lambda: (
-                events.where(F.col("event").isin(*RARE_EVENTS))
-                .select("run", "seq", "exchange", "routing_key", *ACTION_COLUMNS)
-                .toArrow()
-            ),
-        )
-        overview, run_rows = _overview(counts)
-        overview["bucket_seconds"] = step
-        progress.say(
-            f"  {overview['events']:,} events, {len(run_rows)} run(s), "
-            f"{t1 - t0:.1f} s of traffic, buckets of {step:g} s"
-        )
-        kind = rare.column("event")
-        names = queue_names(counts)
-        tag = one.column("tag")
-        deltas = one.filter(pc.equal(tag, 0)).select(["q", "k1", "dn", "db", "arr"])
-        deltas = deltas.rename_columns(["q", "bucket", "dn", "db", "min_arrival_ending"])
-        simple = one.filter(pc.equal(tag, 1)).select(["q", "k1", "k2", "k3", "n", "vmax"])
-        simple = simple.rename_columns(["q", "consumer", "bucket", "code", "n", "vmax"])
-        hard = one.filter(pc.equal(tag, 2)).select(["q", "k1"]).rename_columns(["q", "message_id"])
 
-        progress.step(
-            "backlog and oldest-message age over time; pairing the other deliveries with acks"
-        )
-        hard_df = spark.createDataFrame(hard)
-        if hard.num_rows <= BROADCAST_ROWS:  # else a shuffle join: too many keys to send each task
-            hard_df = F.broadcast(hard_df)
-        acked = paired_events(events, hard_df).where(F.col("kind") == "acked")
-        # the event counts per queue and bucket (from the counts) and the pairs, side by side;
-        # the backlog over time is then a running sum per queue, here on the driver
-        per_bucket, paired = run_together(
-            lambda: queue_bucket_counts(counts=counts).toArrow(),
-            lambda: (
-                acked.groupBy(
+        def follow() -> tuple[pa.Table, pa.Table]:
+            one = _per_message(life, t0, step).toArrow()
+            hard = one.filter(pc.equal(one.column("tag"), 2)).select(["q", "k1"])
+            hard = hard.rename_columns(["q", "message_id"])
+            # (a shuffle join when there are too many keys to send every task)
+            small = hard.num_rows <= BROADCAST_ROWS
+            acked = paired_events(events, spark.createDataFrame(hard), small)
+            paired = (
+                acked.where(F.col("kind") == "acked")
+                .groupBy(
                     "q",
                     "consumer",
                     latency_bucket(F.col("latency")).alias("bucket"),
@@ -197,8 +175,43 @@ def report(
                 )
                 .agg(F.count(F.lit(1)).alias("n"), F.max("latency").alias("vmax"))
                 .toArrow()
+            )
+            return one, paired
+
+        def count() -> tuple[list[Any], pa.Table, pa.Table, pa.Table]:
+            counts = work.materialize(bucket_counts(events, t0, step), "counts")
+            rows, names, per_bucket, per_consumer = run_together(
+                lambda: _overview_rows(counts),
+                lambda: queue_names(counts),
+                lambda: queue_bucket_counts(counts=counts).toArrow(),
+                lambda: _consumer_counts(counts).toArrow(),
+            )
+            return rows, names, per_bucket, per_consumer
+
+        (one, paired), (overview_rows, names, per_bucket, consumer_counts), rare = run_together(
+            follow,
+            count,
+            lambda: (
+                events.where(F.col("event").isin(*RARE_EVENTS))
+                .select("run", "seq", "exchange", "routing_key", *ACTION_COLUMNS)
+                .toArrow()
             ),
+            lead=True,
         )
+        overview, run_rows = _overview(overview_rows)
+        overview["bucket_seconds"] = step
+        progress.say(
+            f"  {overview['events']:,} events, {len(run_rows)} run(s), "
+            f"{t1 - t0:.1f} s of traffic, buckets of {step:g} s"
+        )
+        kind = rare.column("event")
+        tag = one.column("tag")
+        deltas = one.filter(pc.equal(tag, 0)).select(["q", "k1", "dn", "db", "arr"])
+        deltas = deltas.rename_columns(["q", "bucket", "dn", "db", "min_arrival_ending"])
+        simple = one.filter(pc.equal(tag, 1)).select(["q", "k1", "k2", "k3", "n", "vmax"])
+        simple = simple.rename_columns(["q", "consumer", "bucket", "code", "n", "vmax"])
+
+        progress.step("backlog and oldest-message age over time")
         series = backlog_series(deltas, per_bucket, t0, step)
         series = _sorted(_named(series, names), "vhost", "queue", "bucket")
         fine = (
@@ -213,8 +226,8 @@ def report(
         queues = _queues(series, lat_q, t0, step)
 
         progress.step("per-consumer figures")
-        lat_c = spark.createDataFrame(latency_figures(fine, ["q", "consumer"]))
-        consumers = _consumers(counts, _removed(spark, rare), lat_c)
+        lat_c = latency_figures(fine, ["q", "consumer"])
+        consumers = _consumers(consumer_counts, _removed(rare), lat_c)
 
         progress.step("processing-time distribution")
         hist = _sorted(_named(_histogram(fine), names), "vhost", "queue", "bucket")
@@ -469,11 +482,12 @@ def _histogram(fine: pa.Table) -> pa.Table:
     )
 
 
-def _overview(counts: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Event counts, time span, drops and runs, from :func:`bucket_counts`."""
+def _overview_rows(counts: Any) -> list[Any]:
+    """Per run and event, from :func:`bucket_counts`: how many, the first and last, the drops
+    and the schema version (Spark rows, collected)."""
     from pyspark.sql import functions as F
 
-    rows = (
+    return (
         counts.groupBy("run", "event")
         .agg(
             F.sum("n").alias("n"),
@@ -484,6 +498,10 @@ def _overview(counts: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         )
         .collect()
     )
+
+
+def _overview(rows: list[Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Event counts, time span, drops and runs, from :func:`_overview_rows`."""
     if not rows:
         from plugbroker.analyze.events import JournalError
 
@@ -558,8 +576,12 @@ def _per_message(life: Any, t0: float, step: float) -> Any:
     arrive, end = steps[0], steps[1]
     lat = F.col("settled_at") - F.col("delivered_at")
     items = F.array(
-        item(0, arrive["bucket"], dn=arrive["dn"], db=arrive["db"], arr=arrive["arr"]),
-        item(0, end["bucket"], dn=end["dn"], db=end["db"], arr=end["arr"]),
+        # (none for a message that arrives and ends in the same bucket: see backlog_steps)
+        F.when(
+            arrive.isNotNull(),
+            item(0, arrive["bucket"], dn=arrive["dn"], db=arrive["db"], arr=arrive["arr"]),
+        ),
+        F.when(end.isNotNull(), item(0, end["bucket"], dn=end["dn"], db=end["db"], arr=end["arr"])),
         F.when(
             simple_pair() & (F.col("settle_kind") == 2),
             item(1, F.col("settled_by"), latency_bucket(lat), fine_code(lat), lat=lat),
@@ -600,34 +622,36 @@ def _sorted(tbl: pa.Table, *keys: str | tuple[str, str]) -> pa.Table:
     return tbl.sort_by(order).drop_columns([f"_valid{i}" for i in range(len(keys))])
 
 
-def _removed(spark: Any, rare: pa.Table) -> Any:
-    """Per consumer, when it was last removed and why, from the rare events (a DataFrame)."""
+def _removed(rare: pa.Table) -> pa.Table:
+    """Per consumer, when it was last removed and why, from the rare events."""
     key = ["vhost", "queue", "connection_id", "consumer_tag"]
     rem = (
         rare.filter(pc.equal(rare.column("event"), "consumer_removed"))
-        .select([*key, "reason", "ts"])
-        .sort_by([("ts", "ascending")])
+        .select([*key, "reason", "ts", "run", "seq"])
+        .sort_by([("ts", "ascending"), ("run", "ascending"), ("seq", "ascending")])
     )
     last = pc.ScalarAggregateOptions(skip_nulls=False)
     got = rem.group_by(key, use_threads=False).aggregate([("reason", "last", last), ("ts", "max")])
-    table = pa.table(
+    return pa.table(
         {
             **{k: got.column(k) for k in key},
             "removed_reason": got.column("reason_last"),
             "removed_ts": got.column("ts_max"),
         }
     )
-    return spark.createDataFrame(table)
 
 
-def _consumers(bucketed: Any, removed: Any, lat: Any) -> pa.Table:
-    """Per consumer, from :func:`~plugbroker.analyze.events.bucket_counts` (``bucketed``), when
-    each was removed (:func:`_removed`) and its processing times (:func:`latency_figures` per
-    ``q`` and ``consumer``, a DataFrame)."""
+#: a consumer's identity in the tables
+CONSUMER_KEY = ["vhost", "queue", "connection_id", "consumer_tag"]
+
+
+def _consumer_counts(bucketed: Any) -> Any:
+    """Per consumer, from :func:`~plugbroker.analyze.events.bucket_counts` (``bucketed``): its
+    deliveries, acks, rejects, isolations, settings and times, with its ``q`` and ``consumer``
+    keys (a DataFrame)."""
     from pyspark.sql import functions as F
 
     ev = F.col("event")
-    key = ["vhost", "queue", "connection_id", "consumer_tag"]
     base = bucketed.where(
         F.col("consumer_tag").isNotNull()
         & ev.isin("delivered", "acked", "rejected", "consumer_added", "consumer_isolated")
@@ -636,8 +660,8 @@ def _consumers(bucketed: Any, removed: Any, lat: Any) -> pa.Table:
     def n(e: str) -> Any:
         return F.sum(F.when(ev == e, F.col("n")).otherwise(0))
 
-    counts = (
-        base.groupBy(*key)
+    return (
+        base.groupBy(*CONSUMER_KEY)
         .agg(
             n("delivered").alias("delivered"),
             n("acked").alias("acked"),
@@ -653,20 +677,28 @@ def _consumers(bucketed: Any, removed: Any, lat: Any) -> pa.Table:
         .withColumn("consumer", consumer_id())
         .withColumn("q", queue_key())
     )
-    span = F.greatest(F.coalesce("removed_ts", "last_ts") - F.col("first_ts"), F.lit(1e-3))
-    table = (
-        counts.join(lat, ["q", "consumer"], "left")
-        .join(removed, key, "left")
-        .select(
-            *key,
+
+
+def _consumers(counts: pa.Table, removed: pa.Table, lat: pa.Table) -> pa.Table:
+    """The consumers table: :func:`_consumer_counts`, when each consumer was removed
+    (:func:`_removed`) and its processing times (:func:`latency_figures` per ``q`` and
+    ``consumer``), joined here on the driver (one row per consumer)."""
+    lat = lat.select(["q", "consumer", *(c for c, _ in PERCENTILES), "latency_max"])
+    table = counts.join(lat, ["q", "consumer"], join_type="left outer", use_threads=False)
+    table = table.join(removed, CONSUMER_KEY, join_type="left outer", use_threads=False)
+    until = pc.coalesce(table.column("removed_ts"), table.column("last_ts"))
+    span = pc.max_element_wise(pc.subtract(until, table.column("first_ts")), 1e-3)
+    ack_rate = pc.divide(table.column("acked").cast(pa.float64()), span)
+    table = table.append_column("ack_rate", ack_rate)
+    table = table.select(
+        [
+            *CONSUMER_KEY,
             "delivered",
             "acked",
             "rejected",
             "requeued",
-            (F.col("acked") / span).alias("ack_rate"),
-            "latency_p50",
-            "latency_p95",
-            "latency_p99",
+            "ack_rate",
+            *(c for c, _ in PERCENTILES),
             "latency_max",
             "isolated",
             "no_ack",
@@ -675,10 +707,11 @@ def _consumers(bucketed: Any, removed: Any, lat: Any) -> pa.Table:
             "last_ts",
             "last_ack_ts",
             "removed_reason",
-        )
-        .toArrow()
+        ]
     )
-    return _sorted(table, "vhost", "queue", ("delivered", "descending"))
+    return _sorted(
+        table, "vhost", "queue", ("delivered", "descending"), "connection_id", "consumer_tag"
+    )
 
 
 def _write(tbl: pa.Table, out: Path, name: str, write_csv: bool) -> None:

@@ -15,7 +15,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import IO, Any
 
 APP_NAME = "plugbroker-analyze"
@@ -55,11 +56,22 @@ def get_spark(
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    if _may_choose_java_options(conf):
+    if _may_choose(conf, "JavaOptions"):
         # the driver JVM this call starts: the throughput collector, not G1, for a batch job
         # (10 to 20% off a report on 2 cores; in local mode the driver runs every task)
         builder = builder.config("spark.driver.defaultJavaOptions", THROUGHPUT_GC)
-    spark = builder.getOrCreate()
+    pools = None
+    if _may_choose(conf, "spark.scheduler."):
+        # fair scheduling with a lead pool, so that run_together can put the longest chain
+        # of work ahead of the rest (see run_together)
+        pools = _lead_pool_file()
+        builder = builder.config("spark.scheduler.mode", "FAIR")
+        builder = builder.config("spark.scheduler.allocation.file", pools)
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        if pools is not None:
+            os.unlink(pools)  # read when the SparkContext starts
     spark.sparkContext.setLogLevel("WARN")
     local_shuffle_partitions(spark)
     return spark
@@ -69,17 +81,18 @@ def get_spark(
 THROUGHPUT_GC = "-XX:+UseParallelGC"
 
 
-def _may_choose_java_options(conf: Mapping[str, str] | None) -> bool:
-    """Whether :func:`get_spark` may set the driver JVM's options: only when it starts that JVM
-    (no SparkContext yet, not under ``spark-submit``) and nobody else chose any, in ``conf``,
-    ``PYSPARK_SUBMIT_ARGS`` or ``spark-defaults.conf`` (two collectors would stop the JVM)."""
+def _may_choose(conf: Mapping[str, str] | None, marker: str) -> bool:
+    """Whether :func:`get_spark` may set the settings whose keys contain ``marker``: only when
+    it starts the SparkContext (none yet, not under ``spark-submit``) and nobody else chose
+    any, in ``conf``, ``PYSPARK_SUBMIT_ARGS`` or ``spark-defaults.conf`` (two garbage
+    collectors, for one, would stop the JVM)."""
     from pyspark import SparkContext
 
     if SparkContext._active_spark_context is not None or os.environ.get("SPARK_ENV_LOADED"):
         return False
-    if any("JavaOptions" in k for k in (conf or {})):
+    if any(marker in k for k in (conf or {})):
         return False
-    if "JavaOptions" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+    if marker in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
         return False
     conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(
         os.environ.get("SPARK_HOME", ""), "conf"
@@ -87,9 +100,33 @@ def _may_choose_java_options(conf: Mapping[str, str] | None) -> bool:
     defaults = os.path.join(conf_dir, "spark-defaults.conf")
     try:
         with open(defaults, encoding="utf-8") as f:
-            return "JavaOptions" not in f.read()
+            return marker not in f.read()
     except OSError:
         return True
+
+
+#: the scheduler pool whose jobs get free cores before any other's (see :func:`run_together`)
+LEAD_POOL = "plugbroker-lead"
+
+
+def _lead_pool_file() -> str:
+    """A fair-scheduler allocation file with :data:`LEAD_POOL` (a temporary file; the caller
+    removes it). A pool under its minimum share is served first, and the lead pool's minimum
+    is more tasks than any machine runs at once, so its pending tasks always go first; the
+    other jobs (the default pool) take the cores it leaves free."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="plugbroker-pools-", suffix=".xml")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(
+            '<?xml version="1.0"?>\n<allocations>\n'
+            f'  <pool name="{LEAD_POOL}">\n'
+            "    <schedulingMode>FIFO</schedulingMode>\n"
+            "    <weight>1000</weight>\n"
+            "    <minShare>100000</minShare>\n"
+            "  </pool>\n</allocations>\n"
+        )
+    return path
 
 
 def local_shuffle_partitions(spark: Any) -> None:
@@ -105,7 +142,32 @@ def local_shuffle_partitions(spark: Any) -> None:
     spark.conf.set("spark.sql.shuffle.partitions", str(max(2, 2 * sc.defaultParallelism)))
 
 
-def run_together(*actions: Callable[[], Any]) -> list[Any]:
+#: the byte limit of an Arrow batch sent to Python workers; Spark's default is 64 MB
+ARROW_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+
+
+@contextmanager
+def arrow_batches_by_rows(spark: Any) -> Iterator[None]:
+    """While the block runs, Spark cuts the Arrow batches it sends to Python workers by row
+    count only (``spark.sql.execution.arrow.maxRecordsPerBatch``, 10,000 by default).
+
+    With a byte limit set (64 MB by default), Spark measures the batch it is building after
+    every row, at a cost that grows with the number of columns: for the backtest's narrow rows
+    (about a hundred bytes, so 10,000 of them stay far below the limit) that check took more of
+    the JVM's time than writing the rows. A limit someone chose is kept.
+    """
+    before = spark.conf.get(ARROW_BATCH_BYTES)
+    if before.lower() not in ("64m", "64mb", "67108864", "67108864b"):
+        yield
+        return
+    spark.conf.set(ARROW_BATCH_BYTES, str(2**31 - 1))  # Spark's "no limit": the check is skipped
+    try:
+        yield
+    finally:
+        spark.conf.set(ARROW_BATCH_BYTES, before)
+
+
+def run_together(*actions: Callable[[], Any], lead: bool = False) -> list[Any]:
     """Run independent Spark actions at once, each from its own thread; return their results in
     order (the first error is raised once all have ended).
 
@@ -113,13 +175,25 @@ def run_together(*actions: Callable[[], Any]) -> list[Any]:
     last tasks takes the next job's, and one job's planning on the driver overlaps another's
     tasks. The threads are PySpark's ``InheritableThread``, so each job keeps the caller's job
     description and local properties.
+
+    ``lead``: the first action is the longest chain of work, to be run ahead of the others:
+    its jobs go to :data:`LEAD_POOL`, whose tasks get the free cores first, when the session
+    has that pool (one :func:`get_spark` started); the others fill the cores it leaves idle.
+    Without it, Spark serves the jobs in the order they were submitted, and the longest chain
+    (whose query takes the longest to plan) would come last and finish last.
     """
-    from pyspark import InheritableThread
+    from pyspark import InheritableThread, SparkContext
 
     results: list[Any] = [None] * len(actions)
     errors: list[BaseException] = []
+    sc = SparkContext._active_spark_context
+    pool = None
+    if lead and sc is not None and sc._jsc.sc().getPoolForName(LEAD_POOL).isDefined():
+        pool = LEAD_POOL
 
     def run(i: int, action: Callable[[], Any]) -> None:
+        if i == 0 and pool is not None and sc is not None:
+            sc.setLocalProperty("spark.scheduler.pool", pool)
         try:
             results[i] = action()
         except BaseException as exc:  # re-raised on the calling thread below

@@ -291,3 +291,71 @@ def test_a_local_journals_time_span_and_schema_come_from_its_footers(spark, reco
     from plugbroker.analyze.events import _footer_span
 
     assert _footer_span(str(tmp_path)) == (1.0, 3.0)
+
+
+def test_the_runs_bounds_come_from_the_footers_as_spark_finds_them(spark, recording, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from plugbroker.analyze.events import _footer_stats, read_events, runs
+
+    for journal in (recording.journal, Path(__file__).parent / "fixtures" / "journal-v1"):
+        events = read_events(spark, journal)
+        assert _footer_stats(str(journal))[1]  # one run per row group: read from the footers
+        footers = sorted(tuple(r) for r in runs(events, journal).collect())
+        assert footers == sorted(tuple(r) for r in runs(events).collect())
+    # a row group holding two runs: the footers cannot say, Spark counts
+    pq.write_table(
+        pa.table({"ts_us": [1_000_000, 2_000_000, 4_000_000], "run": ["a", "a", "b"]}),
+        tmp_path / "mixed.parquet",
+    )
+    pq.write_table(pa.table({"ts_us": [3_000_000], "run": ["a"]}), tmp_path / "more.parquet")
+    span, per_run = _footer_stats(str(tmp_path))
+    assert span == (1.0, 4.0) and per_run is None
+
+
+def test_arrow_batches_to_python_are_cut_by_rows_only_while_asked(spark):
+    from plugbroker.analyze.spark import ARROW_BATCH_BYTES, arrow_batches_by_rows
+
+    before = spark.conf.get(ARROW_BATCH_BYTES)
+    with arrow_batches_by_rows(spark):
+        assert spark.conf.get(ARROW_BATCH_BYTES) == str(2**31 - 1)
+    assert spark.conf.get(ARROW_BATCH_BYTES) == before
+    spark.conf.set(ARROW_BATCH_BYTES, "16m")  # somebody's own limit is kept
+    try:
+        with arrow_batches_by_rows(spark):
+            assert spark.conf.get(ARROW_BATCH_BYTES) == "16m"
+    finally:
+        spark.conf.set(ARROW_BATCH_BYTES, before)
+
+
+LEAD_PROBE = """
+import os, sys
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+from plugbroker.analyze.spark import LEAD_POOL, get_spark, run_together
+spark = get_spark("local[2]")
+sc = spark.sparkContext
+assert sc.getConf().get("spark.scheduler.mode") == "FAIR"
+def pool():
+    spark.range(10).count()
+    return sc.getLocalProperty("spark.scheduler.pool")
+print(run_together(pool, pool, lead=True), run_together(pool, pool), LEAD_POOL)
+spark.stop()
+"""
+
+
+def test_the_lead_pool_serves_the_first_action_of_run_together(spark, tmp_path):
+    """A session get_spark starts runs the fair scheduler with the lead pool; run_together puts
+    its first action there when asked, and nothing else (``spark``: Java is there)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", LEAD_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.strip().splitlines()[-1]
+    assert line == "['plugbroker-lead', None] [None, None] plugbroker-lead"
