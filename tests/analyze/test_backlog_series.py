@@ -94,9 +94,7 @@ def test_the_series_matches_a_count_message_by_message():
         arrival = T0 + rng.uniform(0, 200)
         end = None if rng.random() < 0.1 else arrival + rng.expovariate(1 / rng.choice((1, 30)))
         messages.append((q, arrival, end, rng.randrange(1, 100)))
-    events = sorted(
-        {(q, bucket(t)) for q, a, e, _ in messages for t in (a, e) if t is not None}
-    )
+    events = sorted({(q, bucket(t)) for q, a, e, _ in messages for t in (a, e) if t is not None})
     got = backlog_series(
         steps(messages), counts([(q, b, 1) for q, b in events]), T0, STEP
     ).to_pylist()
