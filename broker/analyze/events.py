@@ -613,9 +613,10 @@ def _bucket(c: Any, t0: float, step: float) -> Any:
     return F.floor((c - F.lit(t0)) / F.lit(step)).cast("long")
 
 
-def bucket_counts(events: Any, t0: float, step: float) -> Any:
+def bucket_counts(events: Any, t0: float, step: float, by_reason: tuple[str, ...] = ()) -> Any:
     """Every event of the journal counted per (run, vhost, queue, connection_id, consumer_tag,
-    bucket, event), in one pass: ``n``, ``requeued`` (rejects with requeue), ``no_ack`` and
+    bucket, event) and, for the events in ``by_reason``, their ``reason`` (null for the others),
+    in one pass: ``n``, ``requeued`` (rejects with requeue), ``no_ack`` and
     ``prefetch`` (the largest ``no_ack`` and ``count``), ``first_ts``, ``last_ts``, ``dropped``
     (the ``count`` of ``journal_dropped`` events) and ``version`` (the largest schema version).
 
@@ -634,6 +635,9 @@ def bucket_counts(events: Any, t0: float, step: float) -> Any:
         "consumer_tag",
         _bucket(F.col("ts"), t0, step).alias("bucket"),
         "event",
+        (F.when(ev.isin(*by_reason), F.col("reason")) if by_reason else F.lit(None))
+        .cast("string")
+        .alias("reason"),
     ).agg(
         F.count(F.lit(1)).alias("n"),
         F.sum(F.when((ev == "rejected") & F.col("requeue"), 1).otherwise(0)).alias("requeued"),

@@ -75,8 +75,9 @@ FATE_SCHEMA = pa.schema(
     ]
 )
 ACTION_EVENTS = ("policy_action", "consumer_isolated", "consumer_released")
-#: the events the report reads row by row, in one pass (the rest it only counts)
-RARE_EVENTS = (*FATE_EVENTS, *ACTION_EVENTS, "queue_bound", "queue_deleted", "consumer_removed")
+#: the events the report reads row by row, in one pass (the rest it only counts, the fates by
+#: reason): so few that Parquet skips, by its dictionaries, the row groups that hold none
+RARE_EVENTS = (*ACTION_EVENTS, "queue_bound", "queue_deleted", "consumer_removed")
 #: the policy_actions table's columns
 ACTION_COLUMNS = (
     "ts",
@@ -153,9 +154,10 @@ def report(
         #   steps, most processing times), then the messages that need their deliveries and
         #   acks paired event by event. The lifecycles need the runs' bounds (from the footers
         #   of a local journal) and the queue deletions (a narrow pass of their own);
-        # * the counts (the overview, the series' event counts and the consumers' figures all
-        #   come out of them);
-        # * the rare events (grouped and sorted here on the driver).
+        # * the counts (the overview, the series' event counts, the consumers' figures and the
+        #   dead letters, drops and redeliveries by reason all come out of them);
+        # * the rare events: bindings, deletions, policy actions, consumer removals (grouped and
+        #   sorted here on the driver).
         life = lifecycles(message_facts(events), events, runs(events, journal), keep=PAIR_COLUMNS)
 
         def follow() -> tuple[pa.Table, pa.Table]:
@@ -178,25 +180,33 @@ def report(
             )
             return one, paired
 
-        def count() -> tuple[list[Any], pa.Table, pa.Table, pa.Table]:
-            counts = work.materialize(bucket_counts(events, t0, step), "counts")
-            rows, names, per_bucket, per_consumer = run_together(
+        def count() -> tuple[list[Any], pa.Table, pa.Table, pa.Table, pa.Table]:
+            counts = work.materialize(bucket_counts(events, t0, step, FATE_EVENTS), "counts")
+            rows, names, per_bucket, per_consumer, fates = run_together(
                 lambda: _overview_rows(counts),
                 lambda: queue_names(counts),
                 lambda: queue_bucket_counts(counts=counts).toArrow(),
                 lambda: _consumer_counts(counts).toArrow(),
+                lambda: (
+                    counts.where(F.col("event").isin(*FATE_EVENTS))
+                    .groupBy("vhost", "queue", "event", "reason")
+                    .agg(F.sum("n").alias("count"))
+                    .toArrow()
+                ),
             )
-            return rows, names, per_bucket, per_consumer
+            return rows, names, per_bucket, per_consumer, fates
 
-        (one, paired), (overview_rows, names, per_bucket, consumer_counts), rare = run_together(
-            follow,
-            count,
-            lambda: (
-                events.where(F.col("event").isin(*RARE_EVENTS))
-                .select("run", "seq", "exchange", "routing_key", *ACTION_COLUMNS)
-                .toArrow()
-            ),
-            lead=True,
+        (one, paired), (overview_rows, names, per_bucket, consumer_counts, fates), rare = (
+            run_together(
+                follow,
+                count,
+                lambda: (
+                    events.where(F.col("event").isin(*RARE_EVENTS))
+                    .select("run", "seq", "exchange", "routing_key", *ACTION_COLUMNS)
+                    .toArrow()
+                ),
+                lead=True,
+            )
         )
         overview, run_rows = _overview(overview_rows)
         overview["bucket_seconds"] = step
@@ -234,13 +244,7 @@ def report(
         overview["latency"] = latency_figures(fine, []).to_pylist()[0]
 
     progress.step("dead letters, drops and redeliveries by reason")
-    fate = (
-        rare.filter(pc.is_in(kind, value_set=pa.array(FATE_EVENTS)))
-        .group_by(["vhost", "queue", "event", "reason"], use_threads=False)
-        .aggregate([([], "count_all")])
-        .rename_columns(["vhost", "queue", "event", "reason", "count"])
-        .cast(FATE_SCHEMA)
-    )
+    fate = fates.cast(FATE_SCHEMA)
     # as Spark orders: the most frequent first, then by vhost and queue, a missing one first
     fate = _sorted(fate, ("count", "descending"), "vhost", "queue")
     is_redel = pc.equal(fate.column("event"), "redelivered")
