@@ -10,11 +10,14 @@
   or dead-letter queue, or gone with its queue or with the broker run that held it);
 * :func:`settlements`: one row per ack or reject, paired with the delivery it settles, so
   ``latency`` is the consumer's processing time (delivery to ack);
-* :func:`backlog_series`: per queue and time bucket, messages held, bytes held and the age of the
-  oldest message at the end of the bucket, plus event counts in the bucket.
+* :func:`backlog_deltas` and :func:`queue_bucket_counts`: per queue and time bucket, the
+  backlog's steps and the event counts; from them :func:`backlog_series`, on the driver (they
+  are small), the messages held, bytes held and the age of the oldest message at the end of
+  each bucket.
 
-Everything is built from Spark SQL functions (no Python UDFs), so it runs at JVM speed and
-scales out on a cluster; aggregates carry numbers, not strings, so they stay hash-based.
+Everything over the events is built from Spark SQL functions (no Python UDFs), so it runs at
+JVM speed and scales out on a cluster; aggregates carry numbers, not strings, so they stay
+hash-based.
 """
 
 from __future__ import annotations
@@ -485,7 +488,7 @@ def settlements(events: Any, facts: Any) -> Any:
         (F.col("settled_at") - F.col("delivered_at")).alias("latency"),
     )
     hard = facts.where(hard_pair()).select("q", "message_id")
-    return simple.unionByName(paired_events(events, hard, broadcast_if_small(hard)))
+    return simple.unionByName(paired_events(events, hard, fits_broadcast(hard)))
 
 
 def simple_pair() -> Any:
@@ -513,7 +516,7 @@ def paired_events(events: Any, hard: Any, broadcast: bool = False) -> Any:
     latest delivery before it on its channel: the columns of :func:`settlements`.
 
     ``broadcast``: ``hard`` is small enough to send to every task (see
-    :func:`broadcast_if_small`); the events are then first matched on the message id alone (a
+    :func:`fits_broadcast`); the events are then first matched on the message id alone (a
     number), so the strings of the events of other messages are never read.
     """
     from pyspark.sql import functions as F
@@ -559,11 +562,11 @@ def paired_events(events: Any, hard: Any, broadcast: bool = False) -> Any:
     )
 
 
-#: the most rows :func:`broadcast_if_small` sends to every task (a few tens of MB of keys)
+#: the most rows :func:`fits_broadcast` sends to every task (a few tens of MB of keys)
 BROADCAST_ROWS = 1_000_000
 
 
-def broadcast_if_small(df: Any, limit: int = BROADCAST_ROWS) -> bool:
+def fits_broadcast(df: Any, limit: int = BROADCAST_ROWS) -> bool:
     """Whether ``df`` has at most ``limit`` rows, to be sent to every task of a join (counted:
     Spark's size estimate of a filtered table is its whole input, so it would shuffle both
     sides)."""
