@@ -124,7 +124,8 @@ def consumer_json(c: ConsumerInfo, now: float) -> dict[str, Any]:
         "isolated": c.isolated,
         "delivered": c.delivered,
         "last_ack_age_s": round(now - since, 3) if since is not None else None,
-        "poison_suspects": c.poison_suspects,
+        # how long ago the delivery it works on last counted a timed-out hand-out
+        "timed_out_age_s": (round(now - c.timed_out_at, 3) if c.timed_out_at is not None else None),
     }
 
 

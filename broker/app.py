@@ -26,7 +26,6 @@ from plugbroker.codec.ids import QUEUE_DECLARE
 from plugbroker.config.users import Permission, is_loopback
 from plugbroker.core.access import revoke_lost_access
 from plugbroker.core.api import BrokerAPI
-from plugbroker.domain import fate
 from plugbroker.domain.message import MessageIds
 from plugbroker.domain.queue import SHARED, Queue
 from plugbroker.domain.timers import Timers
@@ -434,9 +433,6 @@ class Broker:
         iso = q.policy.get("isolation") if hasattr(q.policy, "get") else None
         poison = getattr(iso, "poison_deliveries", None)
         q.poison_deliveries = poison if poison and q.subscription_type == SHARED else None
-        if q.poison_deliveries is None and q.suspects:
-            for mid in list(q.suspects):
-                fate.forget_suspect(q, mid)
         shared_iso = iso is not None and q.subscription_type == SHARED
         timeout = getattr(iso, "ack_timeout", None) if shared_iso else None
         q.ack_timeout_ms = max(round(timeout * 1000), 1) if timeout else 0
@@ -551,7 +547,7 @@ class Broker:
                         c.busy_since
                         if c.busy_since is None or not c.channel.unheard
                         else self.clock.monotonic(),
-                        c.poison_suspects,
+                        c.counted_at if c.counted else None,
                     )
                     for c in cs
                 ]

@@ -9,7 +9,9 @@ journaled).
 Which actions count (:func:`counts`): every action that changes what a client sees, except
 :class:`~plugbroker.policy.LogOnly` and :class:`~plugbroker.policy.Spared` (they change nothing) and
 :class:`~plugbroker.policy.ReleaseConsumer` (it undoes an isolation; deferring it would prolong
-the harm the budget is there to bound).
+the harm the budget is there to bound) and :class:`~plugbroker.policy.CountTimeout` (it only
+counts a timeout the consumer already had on its message; deferring it would let a task longer
+than its ack timeout run more often than ``<poisonDeliveries>``).
 
 Which consumers an action affects: the one it names (``consumer_tag`` and ``connection_id``),
 or, for an action on the whole queue (a channel close, a queue delete), every consumer of the
@@ -25,7 +27,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from plugbroker.policy import Action, LogOnly, ReleaseConsumer, Spared
+from plugbroker.policy import Action, CountTimeout, LogOnly, ReleaseConsumer, Spared
 
 __all__ = ["EXEMPT", "WINDOW", "Budget", "Budgets", "ConsumerKey", "counts"]
 
@@ -33,7 +35,7 @@ __all__ = ["EXEMPT", "WINDOW", "Budget", "Budgets", "ConsumerKey", "counts"]
 WINDOW = 60.0
 
 #: action types the budget never counts nor defers
-EXEMPT: tuple[type[Action], ...] = (LogOnly, Spared, ReleaseConsumer)
+EXEMPT: tuple[type[Action], ...] = (LogOnly, Spared, ReleaseConsumer, CountTimeout)
 
 #: a consumer, as ``(connection_id, consumer_tag)``
 ConsumerKey = tuple[str, str]

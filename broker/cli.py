@@ -206,7 +206,7 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("unacked", "unacked"),
         ("prefetch", "prefetch"),
         ("isolated", "isolated"),
-        ("poison", "poison_suspects"),
+        ("timed out (s)", "timed_out_age_s"),
         ("last ack (s)", "last_ack_age_s"),
     ],
     "connections": [

@@ -54,6 +54,8 @@ class MessageView(Protocol):
     persistent: bool
     priority: int
     delivery_count: int
+    #: hand-outs of it whose ack clock ran out (``x-ack-timeout-count``)
+    timeouts: int
     properties: Mapping[str, Any]
     headers: Mapping[str, Any]
 
@@ -476,6 +478,35 @@ def broker_message_redelivered(
         it went back to) or ``"redrive"`` (moved back from a dead-letter queue by an operator).
 
     Called when the message is requeued, before any redelivery delay starts. Not firstresult.
+    """
+
+
+@hookspec
+def broker_message_timed_out(
+    vhost: str,
+    queue: str,
+    consumer_tag: str,
+    connection_id: str,
+    message: MessageView,
+    timeouts: int,
+) -> None:
+    """A hand-out of ``message`` timed out while its consumer worked on it.
+
+    One more timed-out hand-out counts on the message, whether the consumer is then isolated,
+    spared by the cap, or its channel closed.
+
+    :param vhost: the virtual host.
+    :param queue: the queue.
+    :param consumer_tag: the consumer that held it.
+    :param connection_id: that consumer's connection.
+    :param message: the message; read-only.
+    :param timeouts: its count of timed-out hand-outs, this one included. When it reaches the
+        queue's ``<poisonDeliveries>`` the message is dead-lettered with reason ``"poison"``
+        (``broker_message_dead_lettered`` follows).
+
+    Called when an isolation check finds the consumer over its ack timeout (once per timeout
+    that runs out for one hand-out), or when the consumer's channel closes past it. Not
+    firstresult.
     """
 
 

@@ -148,6 +148,7 @@ class PluginHost:
     message_acked: HookCaller | None
     message_rejected: HookCaller | None
     message_redelivered: HookCaller | None
+    message_timed_out: HookCaller | None
     message_dead_lettered: HookCaller | None
     message_enqueued: HookCaller | None
     message_removed: HookCaller | None

@@ -52,13 +52,12 @@ class ConsumerView(NamedTuple):
     isolated: bool
     prefetch: int
     no_ack: bool
-    #: the ack clock (SPEC 6): monotonic time it went from nothing unacked to something unacked,
+    #: the ack clock: monotonic time it went from nothing unacked to something unacked,
     #: restarted at each ack, nack or reject; ``None`` while it holds nothing unacked
     busy_since: float | None = None
-    #: unacked messages it holds that ``poisonDeliveries - 1`` other consumers held without
-    #: settling before they were isolated or disconnected (SPEC 6): over its ack timeout, it
-    #: is their last holder, and they are dead-lettered as poison instead of isolating it
-    poison_suspects: int = 0
+    #: monotonic time the delivery it works on last counted a timed-out hand-out
+    #: (:class:`CountTimeout`, or its isolation); ``None`` when it has not in this hand-out
+    timed_out_at: float | None = None
 
 
 class QueueView(NamedTuple):
@@ -153,18 +152,23 @@ class SetPrefetch(Action):
 
 @dataclass(frozen=True, slots=True)
 class IsolateConsumer(Action):
-    """Put a consumer on the queue's blocklist and requeue its unacked messages."""
+    """Put a consumer on the queue's blocklist and requeue its unacked messages.
+
+    ``configured`` is the ack timeout it is over: the delivery it works on then counts one
+    timed-out hand-out first (as :class:`CountTimeout`), and if that makes the message poison
+    (``<poisonDeliveries>``) the message is dead-lettered and the consumer is not isolated."""
 
     consumer_tag: str = ""
     connection_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetterPoison(Action):
-    """Dead-letter (reason ``poison``) the messages a consumer holds that other consumers held
-    without settling (its ``poison_suspects``), instead of isolating it; the consumers isolated
-    because of those messages alone are released. ``threshold``/``configured``/``measured`` are
-    the ack timeout and the consumer's time on its ack clock, as for :class:`IsolateConsumer`."""
+class CountTimeout(Action):
+    """A consumer is over its ack timeout but keeps its deliveries (the cap spared it): the
+    delivery it works on counts one more timed-out hand-out, at most once per ``configured``
+    seconds (the ack timeout). At the queue's ``<poisonDeliveries>`` the message is
+    dead-lettered with reason ``poison`` (parked in ``{queue}-DLQ`` without a dead-letter
+    target) and the consumers isolated while working on it are released."""
 
     consumer_tag: str = ""
     connection_id: str = ""
@@ -321,7 +325,7 @@ __all__ = [
     "CancelConsumer",
     "CloseConsumerChannels",
     "ConsumerView",
-    "DeadLetterPoison",
+    "CountTimeout",
     "DeleteQueue",
     "IsolateConsumer",
     "LogOnly",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import deque
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import plugbroker
@@ -272,8 +272,6 @@ class Channel:
             if not consumer.unacked:
                 consumer.busy_since = now  # nothing unacked -> something: the clock starts
             consumer.unacked += 1
-            if queue.suspects:
-                fate.suspect_delivered(queue, msg, consumer)
             if msg.stored and not msg.redelivered:
                 queue.vhost.store.delivered(queue, msg)
         iso = queue.ack_timeout_ms  # 0 unless the queue is under isolation: one load here
@@ -419,16 +417,31 @@ class Channel:
                 out.append(entry[0])
         return out
 
+    def held_by(self, consumer: Consumer) -> Iterator[Message]:
+        """What ``consumer`` holds unacked here, oldest delivery first (tags only grow)."""
+        for msg, _, c in self.unacked.values():
+            if c is consumer:
+                yield msg
+
     def requeue_all(self, reason: str = "channel-closed") -> None:
         """Return every unacked message to its queue (channel close, recover).
 
-        On a channel close the consumers held them without settling them: that goes on the
-        messages' poison records (:func:`plugbroker.domain.fate.requeue_unsettled`); a
+        On a channel close, a consumer whose ack clock had run out lost the delivery it was
+        working on to a timeout: that counts on the message
+        (:func:`plugbroker.domain.fate.timed_out_on_close`), which may make it poison; a
         basic.recover is the client's own request and does not count.
         """
         if not self.unacked:
             return
-        by_queue: dict[int, tuple[Queue, list[tuple[Message, Consumer | None]]]] = {}
+        poisoned: set[int] = set()
+        if reason != "recover":
+            now = self.conn.clock.monotonic()
+            seen: set[int] = set()
+            for _, q, c in self.unacked.values():
+                if c is not None and q.poison_deliveries is not None and id(c) not in seen:
+                    seen.add(id(c))
+                    fate.timed_out_on_close(c, now, poisoned)
+        by_queue: dict[int, tuple[Queue, list[Message]]] = {}
         for msg, q, c in self.unacked.values():
             if c is not None:
                 c.unacked -= 1
@@ -436,13 +449,10 @@ class Channel:
                     fate.unheld(c, msg.id)
                 if not c.unacked:
                     c.busy_since = None
-            by_queue.setdefault(id(q), (q, []))[1].append((msg, c))
+            by_queue.setdefault(id(q), (q, []))[1].append(msg)
         self.unacked.clear()
-        for q, entries in by_queue.values():
-            if reason == "recover":
-                fate.requeue(q, [m for m, _ in entries], reason)
-            else:
-                fate.requeue_unsettled(q, entries, reason)
+        for q, msgs in by_queue.values():
+            fate.requeue_unsettled(q, msgs, reason, poisoned)
 
     def teardown(self, reason: str) -> None:
         """Cancel consumers and requeue unacked messages (the channel is going away)."""

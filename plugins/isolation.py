@@ -16,12 +16,13 @@ holds unacked) and asks the core to isolate them:
    does that at once, it is not a policy decision);
 4. at most ``floor(maxIsolatedRatio x consumers)`` consumers of a queue are isolated at once
    (0.6 by default), so a fault that blocks everyone cannot starve the queue completely;
-5. a poison message is not a bad consumer: the core keeps, for a message that came back from a
-   consumer that held it without settling (isolated, or its channel closed), the distinct
-   consumers that did so; an overdue consumer holding a message that ``poisonDeliveries - 1``
-   others held so (its :attr:`~plugbroker.policy.ConsumerView.poison_suspects`) is not isolated:
-   the check asks for :class:`~plugbroker.policy.DeadLetterPoison`, the message is dead-lettered
-   with reason ``poison`` and the consumers isolated because of it alone are released.
+5. a task longer than the timeout must not run for ever: every time a consumer's clock runs
+   out, the delivery it works on counts one more timed-out hand-out, whether the consumer is
+   isolated or spared by the cap (a spared consumer counts again each further ``ackTimeout``:
+   :class:`~plugbroker.policy.CountTimeout`). At ``poisonDeliveries`` timed-out hand-outs the
+   core dead-letters the message with reason ``poison`` and releases the consumers isolated
+   while working on it; the count is the message's, not a set of distinct consumers, so this
+   holds with one, two or any number of consumers.
 
 Isolation applies to ``shared`` queues only: never to ``key_shared`` (its key order would
 break), ``exclusive`` or ``failover`` (there is no other consumer to hand the messages to).
@@ -44,7 +45,7 @@ from plugbroker.plugins import isolation_config
 from plugbroker.policy import (
     Action,
     ConsumerView,
-    DeadLetterPoison,
+    CountTimeout,
     IsolateConsumer,
     PolicyLookup,
     PolicyState,
@@ -73,46 +74,25 @@ def stuck_since(consumer: ConsumerView) -> float | None:
 
 
 def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:
-    """The isolations one shared queue needs now, within its cap."""
+    """The isolations one shared queue needs now, within its cap, and the timeouts to count
+    for the overdue consumers the cap spares."""
     consumers = q.consumers
     timeout = cfg.ack_timeout
     overdue = []
-    actions: list[Action] = []
     for c in consumers:
         if c.isolated or c.unacked <= 0:
             continue
         since = stuck_since(c)
         if since is None or now - since <= timeout:
             continue
-        if c.poison_suspects > 0:
-            # it holds a message that poisonDeliveries - 1 others held without settling: the
-            # message is the fault, not this consumer (the cap does not apply: nobody is
-            # isolated)
-            actions.append(
-                DeadLetterPoison(
-                    vhost=q.vhost,
-                    queue=q.name,
-                    policy=POLICY,
-                    reason=(
-                        f"no ack for {now - since:.3f} s holding {c.poison_suspects} message(s) "
-                        f"that {cfg.poison_deliveries - 1} other consumer(s) held without "
-                        "settling: poison"
-                    ),
-                    threshold="ackTimeout",
-                    configured=timeout,
-                    measured=round(now - since, 3),
-                    consumer_tag=c.tag,
-                    connection_id=c.connection_id,
-                )
-            )
-            continue
         overdue.append((since, c))
     if not overdue:
-        return actions
+        return []
     overdue.sort(key=lambda pair: pair[0])  # the longest silent first
     cap = cfg.max_isolated(len(consumers))
-    room = cap - sum(1 for c in consumers if c.isolated)
-    for since, c in overdue[: max(room, 0)]:
+    room = max(cap - sum(1 for c in consumers if c.isolated), 0)
+    actions: list[Action] = []
+    for since, c in overdue[:room]:
         actions.append(
             IsolateConsumer(
                 vhost=q.vhost,
@@ -126,7 +106,7 @@ def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:
                 connection_id=c.connection_id,
             )
         )
-    for since, c in overdue[max(room, 0) :]:
+    for since, c in overdue[room:]:
         actions.append(
             Spared(
                 vhost=q.vhost,
@@ -142,6 +122,25 @@ def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:
                 measured=round(now - since, 3),
             )
         )
+        counted = c.timed_out_at
+        if counted is None or now - counted >= timeout:
+            # the delivery it works on timed out (again): it counts, spared or not
+            actions.append(
+                CountTimeout(
+                    vhost=q.vhost,
+                    queue=q.name,
+                    policy=POLICY,
+                    reason=(
+                        f"no ack for {now - since:.3f} s; the cap spares the consumer, its "
+                        "delivery counts a timed-out hand-out"
+                    ),
+                    threshold="ackTimeout",
+                    configured=timeout,
+                    measured=round(now - since, 3),
+                    consumer_tag=c.tag,
+                    connection_id=c.connection_id,
+                )
+            )
     return actions
 
 

@@ -63,9 +63,11 @@ log = logging.getLogger("plugbroker.plugins.journal")
 #: ``removed`` and the message count (``count``) of ``queue_deleted``; a version-1 journal just
 #: has none of them. Version 2 also added ``touched`` (a consumer's ``amq.touch``) and the
 #: optional ``due_us`` column (a delivery's due time); a file written without that column reads
-#: as null there. Events and optional columns may be added in later versions; the meaning and
-#: type of an existing column never change within the pipeline's supported range.
-SCHEMA_VERSION = 2
+#: as null there. Version 3 added ``timed_out`` (a delivery's ack clock ran out: ``count`` is
+#: the message's timed-out hand-outs). Events and optional columns may be added in later
+#: versions; the meaning and type of an existing column never change within the pipeline's
+#: supported range.
+SCHEMA_VERSION = 3
 #: Parquet key-value metadata key holding :data:`SCHEMA_VERSION`.
 METADATA_KEY = b"plugbroker.journal.schema_version"
 
@@ -135,7 +137,8 @@ PUBLISHED, DELIVERED, ACKED, REJECTED, REDELIVERED, DEAD_LETTERED, EXPIRED, DROP
     ENQUEUED,
     REMOVED,
     DELIVERY_TOUCHED,
-) = range(8, 25)
+    TIMED_OUT,
+) = range(8, 26)
 
 LAYOUTS: dict[int, tuple[str, tuple[str, ...]]] = {
     PUBLISHED: (
@@ -284,6 +287,19 @@ LAYOUTS: dict[int, tuple[str, tuple[str, ...]]] = {
             "channel_id",
             "delivery_tag",
             "message_id",
+        ),
+    ),
+    TIMED_OUT: (
+        "timed_out",
+        (
+            "vhost",
+            "queue",
+            "consumer_tag",
+            "connection_id",
+            "message_id",
+            "body_size",
+            "delivery_count",
+            "count",
         ),
     ),
 }
@@ -823,6 +839,31 @@ class Recorder:
                 message.body_size,
                 delivery_count,
                 reason,
+            )
+        )
+
+    @hookimpl(trylast=True)
+    def broker_message_timed_out(
+        self,
+        vhost: str,
+        queue: str,
+        consumer_tag: str,
+        connection_id: str,
+        message: Any,
+        timeouts: int,
+    ) -> None:
+        self._put(
+            (
+                TIMED_OUT,
+                self._now(),
+                vhost,
+                queue,
+                consumer_tag,
+                connection_id,
+                message.id,
+                message.body_size,
+                message.delivery_count,
+                timeouts,
             )
         )
 

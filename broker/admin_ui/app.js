@@ -241,7 +241,7 @@
   async function consumers() {
     const cs = await api("GET", "/api/consumers");
     const rows = cs.map((c) => {
-      const cls = c.isolated ? "isolated" : c.poison_suspects ? "poison" : "";
+      const cls = c.isolated ? "isolated" : c.timed_out_age_s != null ? "poison" : "";
       const q = { vhost: c.vhost, name: c.queue };
       const base = `/api/consumers/${enc(c.vhost)}/${enc(c.queue)}/${enc(c.tag)}`;
       const qs = "?connection=" + enc(c.connection);
@@ -253,7 +253,7 @@
         acts.push(actButton("Cancel", { "data-action": "cancel", "data-tag": c.tag, class: "act danger" },
           async () => { await api("POST", base + "/cancel" + qs); return `Cancelled ${c.tag}`; }));
       }
-      const state = c.isolated ? "isolated" : c.poison_suspects ? `poison suspect (${c.poison_suspects})` : "ok";
+      const state = c.isolated ? "isolated" : c.timed_out_age_s != null ? `over its ack timeout (counted ${c.timed_out_age_s} s ago)` : "ok";
       return el("tr", { class: cls, "data-tag": c.tag },
         el("td", {}, q.vhost), el("td", {}, c.queue), el("td", { class: "name" }, c.tag),
         el("td", {}, c.connection), el("td", { class: "num" }, c.channel),
@@ -263,7 +263,7 @@
     });
     return [
       el("h1", {}, "Consumers"),
-      el("p", { class: "muted" }, "Isolated consumers (ack-timeout isolation) and those holding poison suspects are highlighted."),
+      el("p", { class: "muted" }, "Isolated consumers (ack-timeout isolation) and those over their ack timeout that the cap spares are highlighted."),
       cs.length ? table(["vhost", "queue", "tag", "connection", "channel", "unacked", "prefetch", "delivered", "last ack (s)", "state", ""], rows, "consumers")
         : el("p", { class: "muted" }, "No consumers."),
     ];

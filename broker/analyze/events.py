@@ -56,6 +56,7 @@ QUEUE_EVENTS = MESSAGE_EVENTS + (
     "queue_unbound",
     "policy_action",
     "touched",
+    "timed_out",  # schema version 3
 )
 #: processing-time histogram bucket bounds, seconds (a value v falls in the first bucket whose
 #: upper bound is greater than v)

@@ -44,7 +44,7 @@ from plugbroker.policy import (
     DEFERRED,
     Action,
     ConsumerView,
-    DeadLetterPoison,
+    CountTimeout,
     DeleteQueue,
     IsolateConsumer,
     LogOnly,
@@ -57,7 +57,6 @@ from plugbroker.policy import (
     Spared,
 )
 from plugbroker.registry import resolve_period
-from plugbroker.subscription import SHARED
 
 if TYPE_CHECKING:
     from plugbroker.config import BrokerConfig
@@ -131,11 +130,16 @@ class ConsumerState:
         "busy_since",
         "channel",
         "conn",
+        "counted",
+        "counted_at",
         "deferred",
         "first_delivery",
+        "holding",
         "isolated",
+        "isolated_for",
         "last_ack",
         "no_ack",
+        "pardon",
         "prefetch",
         "tag",
         "unacked",
@@ -158,8 +162,17 @@ class ConsumerState:
         self.isolated = False  # simulated: isolated by the candidate's policy
         self.prefetch = prefetch
         self.no_ack = no_ack
+        #: the message ids it holds unacked, in delivery order (its working delivery first)
+        self.holding: dict[int, None] = {}
+        #: bounded tries, simulated as the core keeps them (:mod:`plugbroker.domain.fate`): the
+        #: delivery whose hand-out last counted a timeout and when, the one it was isolated
+        #: for, the poison message it may still be busy with
+        self.counted = 0
+        self.counted_at: float | None = None
+        self.isolated_for = 0
+        self.pardon = 0
 
-    def view(self, poison_suspects: int = 0) -> ConsumerView:
+    def view(self) -> ConsumerView:
         return ConsumerView(
             self.tag,
             self.conn,
@@ -171,7 +184,7 @@ class ConsumerState:
             self.prefetch,
             self.no_ack,
             self.busy_since if self.unacked > 0 else None,
-            poison_suspects,
+            self.counted_at if self.counted else None,
         )
 
 
@@ -195,7 +208,7 @@ class QueueState:
         "ready",
         "subscription_type",
         "suppressed",
-        "suspects",
+        "timeouts",
         "vhost",
     )
 
@@ -228,30 +241,9 @@ class QueueState:
         self.getters: dict[tuple[str, int], None] = {}
         self.policy: Any = None  # resolved lazily, dropped when bindings change
         self.suppressed = False  # deleted by the candidate's policy (simulated)
-        #: poison records, rebuilt as the core keeps them (SPEC 6): message id -> the holder
-        #: keys of the consumers that lost it unsettled (isolated, channel closed), kept only
-        #: for such messages and dropped when the message is settled or leaves
-        self.suspects: dict[int, set[tuple[str, str]]] = {}
-
-    def poison_suspects(self, policy: Any) -> dict[tuple[str, str], int]:
-        """Each consumer's ``poison_suspects`` under the candidate's ``<poisonDeliveries>``:
-        the unacked messages it holds that that many minus one other consumers lost unsettled.
-        O(records), and records exist only for messages that came back so."""
-        if not self.suspects:
-            return {}
-        iso = policy.get("isolation") if hasattr(policy, "get") else None
-        k = getattr(iso, "poison_deliveries", 0)
-        if not k:
-            return {}
-        out: dict[tuple[str, str], int] = {}
-        held = self.held
-        for mid, holders in self.suspects.items():
-            m = held.get(mid)
-            if m is None or m[2] != UNACKED or m[3] is None:
-                continue
-            if len(holders) - (m[3] in holders) >= k - 1:
-                out[m[3]] = out.get(m[3], 0) + 1
-        return out
+        #: timed-out hand-outs of the messages that had one, under the candidate's isolation
+        #: (simulated): message id -> count
+        self.timeouts: dict[int, int] = {}
 
     def _oldest_counting(self) -> float | None:
         """As the core's ``Queue.oldest_counting``: a message not due yet counts from its due
@@ -273,7 +265,6 @@ class QueueState:
         if oldest is not None and self.not_due:
             oldest = self._oldest_counting()
         sub = getattr(policy, "subscription", None) or self.subscription_type
-        poison = self.poison_suspects(policy) if sub == SHARED else {}
         return QueueView(
             self.vhost,
             self.name,
@@ -287,7 +278,7 @@ class QueueState:
             max(n - self.ready - self.pending, 0),
             oldest,
             self.acks_total,
-            tuple(c.view(poison.get(key, 0)) for key, c in self.consumers.items()),
+            tuple(c.view() for c in self.consumers.values()),
             tuple((ex, etype, key) for (ex, key), etype in self.bindings.items()),
             policy,
             tuple(self.getters),
@@ -522,7 +513,7 @@ class Replayer:
             if outcome == "deferred":
                 deferred.append(a)
             else:
-                self._simulate(a)
+                self._simulate(a, now, check)
         if deferred:  # as the housekeeping pool tells the job (plugbroker.policy.DEFERRED)
             check.state[DEFERRED] = deferred
         self._close_streaks(check.name, keep=seen)
@@ -603,34 +594,86 @@ class Replayer:
         for key in [k for k in self._open if k[0] == job and k not in keep]:
             del self._open[key]
 
-    def _simulate(self, a: Action) -> None:
+    def _simulate(self, a: Action, now: float, check: PolicyCheck) -> None:
         q = self.queues.get((a.vhost, a.queue))
         if q is None:
             return
         if isinstance(a, DeleteQueue):
             q.suppressed = True
-        elif isinstance(a, (IsolateConsumer, ReleaseConsumer)):
+        elif isinstance(a, (IsolateConsumer, CountTimeout)):
+            c = _find(q, a.consumer_tag, a.connection_id)
+            if c is None:
+                return
+            working = _working(q, c, now)
+            if a.configured is not None and working is not None:
+                if self._count_timeout(q, c, working, now, a.configured, check):
+                    return  # poison: dead-lettered, and the consumer is not isolated for it
+            if isinstance(a, IsolateConsumer):
+                c.isolated = True
+                c.isolated_for = working or 0
+                c.counted, c.counted_at = 0, None
+        elif isinstance(a, ReleaseConsumer):
             c = _find(q, a.consumer_tag, a.connection_id)
             if c is not None:
-                c.isolated = isinstance(a, IsolateConsumer)
+                c.isolated = False
         elif isinstance(a, SetPrefetch):
             c = _find(q, a.consumer_tag, a.connection_id)
             if c is not None:
                 c.prefetch = a.prefetch
-        elif isinstance(a, DeadLetterPoison):
-            # the messages it holds that others lost unsettled leave the queue (dead-lettered),
-            # and the consumers the candidate isolated for them are released; later journal
-            # events about those messages find nothing
-            key = (a.connection_id, a.consumer_tag)
-            held = q.held
-            mine = [mid for mid in q.suspects if mid in held and held[mid][3] == key]
-            for mid in mine:
-                holders = q.suspects.pop(mid)
-                _take(q, mid)
-                for holder in holders:
-                    c = q.consumers.get(holder)
-                    if c is not None:
-                        c.isolated = False
+
+    def _count_timeout(
+        self,
+        q: QueueState,
+        c: ConsumerState,
+        mid: int,
+        now: float,
+        timeout: float,
+        check: PolicyCheck,
+    ) -> bool:
+        """The core's count of a timed-out hand-out (:func:`plugbroker.domain.fate.count_timeout`)
+        under the candidate's ``<poisonDeliveries>``; True when it made the message poison: it
+        leaves the queue (later journal events about it find nothing), its holder is pardoned
+        and the consumers isolated while working on it are released, and a ``Poison`` row says
+        so."""
+        if c.pardon:
+            c.counted, c.counted_at = c.pardon, now
+            return False
+        if c.counted == mid and c.counted_at is not None and now - c.counted_at < timeout:
+            return False
+        c.counted, c.counted_at = mid, now
+        n = q.timeouts[mid] = q.timeouts.get(mid, 0) + 1
+        iso = self._policy(q).get("isolation")
+        limit = getattr(iso, "poison_deliveries", None)
+        if not limit or n < limit:
+            return False
+        _take(q, mid)
+        _restart_clock(c, now)
+        c.pardon, c.counted, c.counted_at = mid, 0, None
+        for other in q.consumers.values():
+            if other.isolated and other.isolated_for == mid:
+                other.isolated, other.isolated_for, other.pardon = False, 0, mid
+        self.actions.append(
+            {
+                "at": now,
+                "until": now,
+                "checks": 1,
+                "job": check.name,
+                "policy": "Isolation",
+                "action": "Poison",
+                "vhost": q.vhost,
+                "queue": q.name,
+                "consumer_tag": c.tag,
+                "connection_id": c.conn,
+                "threshold": "poisonDeliveries",
+                "configured": float(limit),
+                "measured": float(n),
+                "measured_max": float(n),
+                "reason": f"message {mid} timed out {n} times: dead-lettered as poison",
+                "outcome": "applied",
+                "_last_check": check.checks,
+            }
+        )
+        return True
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -669,12 +712,26 @@ def _consumer(q: QueueState, ev: Sequence[Any]) -> ConsumerState | None:
 
 def _settled_by(r: Replayer, q: QueueState, ev: Sequence[Any], now: float) -> None:
     """The consumer that acked or rejected: its clock restarts (it stops while it holds nothing)
-    and it leaves the blocklist."""
+    and it leaves the blocklist; it is past any poison message it was busy with, and the
+    hand-out that timed out is over if it settled that one."""
     c = _consumer(q, ev)
     if c is not None:
         c.last_ack = now
         _restart_clock(c, now)
         c.isolated = False
+        if c.pardon or c.counted == ev[MID]:
+            c.pardon = c.counted = 0
+            c.counted_at = None
+
+
+def _working(q: QueueState, c: ConsumerState, now: float) -> int | None:
+    """The delivery ``c`` works on: the oldest it holds that is due (as the core's
+    :func:`plugbroker.domain.fate.working_delivery`)."""
+    for mid in c.holding:
+        due = c.deferred.get(mid) if c.deferred else None
+        if due is None or due <= now:
+            return mid
+    return None
 
 
 def _restart_clock(c: ConsumerState, now: float) -> None:
@@ -695,6 +752,7 @@ def _unhold(q: QueueState, holder: Any, mid: int) -> None:
     c = q.consumers.get(holder) if holder is not None else None
     if c is not None:
         c.unacked -= 1
+        c.holding.pop(mid, None)
         if c.deferred:
             c.deferred.pop(mid, None)
 
@@ -706,8 +764,8 @@ def _take(q: QueueState, mid: int) -> list[Any] | None:
         return None
     if q.not_due:
         q.not_due.pop(mid, None)
-    if q.suspects:
-        q.suspects.pop(mid, None)
+    if q.timeouts:
+        q.timeouts.pop(mid, None)
     q.bytes -= m[1]
     if m[2] == READY:
         q.ready -= 1
@@ -761,6 +819,7 @@ def _on_delivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
     if c is not None:
         since = c.busy_since if c.unacked > 0 else None
         c.unacked += 1
+        c.holding[mid] = None
         due = ev[DUE] if len(ev) > DUE else None
         if due is not None and due > now:  # not due yet (its ETA): off the clock until then
             c.deferred[mid] = due
@@ -783,8 +842,6 @@ def _on_rejected(r: Replayer, ev: Sequence[Any], now: float) -> None:
     q = r.queue(ev)
     m = q.held.get(ev[MID])
     if m is not None:
-        if q.suspects:
-            q.suspects.pop(ev[MID], None)  # a consumer settled it: not poison
         if m[2] == UNACKED:
             _unhold(q, m[3], ev[MID])
         elif m[2] == READY:
@@ -798,8 +855,6 @@ def _on_rejected(r: Replayer, ev: Sequence[Any], now: float) -> None:
 
 #: the ``redelivered`` reasons of a copy that arrives from another queue (a new message id)
 _MOVED_IN = frozenset({"retry", "redrive"})
-#: the ``redelivered`` reasons of a message its consumer lost without settling it
-_UNSETTLED = frozenset({"consumer-isolated", "channel-closed"})
 
 
 def _on_redelivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
@@ -812,8 +867,6 @@ def _on_redelivered(r: Replayer, ev: Sequence[Any], now: float) -> None:
     if m[2] == READY:
         return
     if m[2] == UNACKED:
-        if m[3] is not None and ev[REASON] in _UNSETTLED:
-            q.suspects.setdefault(ev[MID], set()).add(m[3])
         _unhold(q, m[3], ev[MID])
     else:
         q.pending -= 1

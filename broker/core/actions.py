@@ -25,12 +25,12 @@ import logging
 from collections.abc import Callable, Sequence
 
 from plugbroker.budget import ConsumerKey, counts
-from plugbroker.core.api import BrokerAPI
+from plugbroker.core.api import BrokerAPI, ConsumerInfo
 from plugbroker.policy import (
     Action,
     CancelConsumer,
     CloseConsumerChannels,
-    DeadLetterPoison,
+    CountTimeout,
     DeleteQueue,
     IsolateConsumer,
     LogOnly,
@@ -87,20 +87,41 @@ def _delete_queue(api: BrokerAPI, a: Action, what: str) -> str:
     return "applied"
 
 
-def _isolate(api: BrokerAPI, a: Action, what: str) -> str:
-    assert isinstance(a, IsolateConsumer)
-    c = api.consumer(a.vhost, a.queue, a.consumer_tag, a.connection_id)
+def _overdue(api: BrokerAPI, a: Action) -> ConsumerInfo | None:
+    """The consumer ``a`` names if it is still over its ack timeout (``a.configured``), on the
+    same clock as the policy's; None if it settled something, or lost its deliveries, since."""
+    tag = getattr(a, "consumer_tag", "")
+    c = api.consumer(a.vhost, a.queue, tag, getattr(a, "connection_id", ""))
     if c is None:
-        return "stale"
-    since = c.busy_since  # the same clock as the policy's (SPEC 6)
+        return None
+    since = c.busy_since
     if (
         c.isolated
         or c.unacked <= 0
         or since is None
         or (a.configured is not None and api.clock.monotonic() - since <= a.configured)
     ):
-        return "stale"  # it acked (or lost its messages) since the snapshot
-    moved = api.isolate(a.vhost, a.queue, c.tag, c.connection_id)
+        return None
+    return c
+
+
+def _isolate(api: BrokerAPI, a: Action, what: str) -> str:
+    assert isinstance(a, IsolateConsumer)
+    c = _overdue(api, a)
+    if c is None:
+        return "stale"
+    since = c.busy_since or 0.0
+    moved = api.isolate(a.vhost, a.queue, c.tag, c.connection_id, timeout=a.configured)
+    after = api.consumer(a.vhost, a.queue, c.tag, c.connection_id)
+    if after is not None and not after.isolated:
+        policy_log.info(
+            "%s: consumer %s (connection %s) not isolated: the message it works on timed out "
+            "too often and was dead-lettered as poison",
+            what,
+            c.tag,
+            c.connection_id,
+        )
+        return "applied"
     policy_log.info(
         "%s: consumer %s (connection %s) isolated: no ack for %.3f s, "
         "%d unacked moved to the other consumers",
@@ -113,27 +134,24 @@ def _isolate(api: BrokerAPI, a: Action, what: str) -> str:
     return "applied"
 
 
-def _poison(api: BrokerAPI, a: Action, what: str) -> str:
-    assert isinstance(a, DeadLetterPoison)
-    c = api.consumer(a.vhost, a.queue, a.consumer_tag, a.connection_id)
-    since = c.busy_since if c is not None else None  # the same clock as the policy's
-    if (
-        c is None
-        or c.poison_suspects <= 0
-        or since is None
-        or (a.configured is not None and api.clock.monotonic() - since <= a.configured)
-    ):
-        return "stale"  # it settled something, or lost them, since the snapshot
-    dead = api.dead_letter_poison(a.vhost, a.queue, c.tag, c.connection_id)
-    if not dead:
+def _count_timeout(api: BrokerAPI, a: Action, what: str) -> str:
+    assert isinstance(a, CountTimeout)
+    c = _overdue(api, a)
+    if c is None or a.configured is None:
         return "stale"
+    counted = api.count_timeout(a.vhost, a.queue, c.tag, c.connection_id, timeout=a.configured)
+    if counted is None:
+        return "stale"
+    mid, n, poison = counted
     policy_log.info(
-        "%s: consumer %s (connection %s) is over its ack timeout holding %d message(s) that "
-        "other consumers held without settling: dead-lettered as poison instead of isolating it",
+        "%s: consumer %s (connection %s) is over its ack timeout and stays (the cap holds): "
+        "message %d timed out %d time(s)%s",
         what,
         c.tag,
         c.connection_id,
-        dead,
+        mid,
+        n,
+        ", dead-lettered as poison" if poison else "",
     )
     return "applied"
 
@@ -169,7 +187,7 @@ HANDLERS: dict[type[Action], ActionHandler] = {
     CloseConsumerChannels: _close_consumer_channels,
     DeleteQueue: _delete_queue,
     IsolateConsumer: _isolate,
-    DeadLetterPoison: _poison,
+    CountTimeout: _count_timeout,
     ReleaseConsumer: _release,
     CancelConsumer: _cancel,
     SetPrefetch: _set_prefetch,

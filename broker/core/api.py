@@ -110,11 +110,12 @@ class ConsumerInfo:
     last_ack: float | None
     #: monotonic time of its first delivery; None before it got one
     first_delivery: float | None
-    #: the ack clock isolation uses (SPEC 6): monotonic time it went from nothing unacked to
+    #: the ack clock isolation uses: monotonic time it went from nothing unacked to
     #: something unacked, restarted at each ack, nack or reject; None while it holds nothing
     busy_since: float | None = None
-    #: unacked messages it holds that other consumers held without settling (SPEC 6, poison)
-    poison_suspects: int = 0
+    #: monotonic time the delivery it works on last counted a timed-out hand-out (None: not
+    #: in this hand-out)
+    timed_out_at: float | None = None
 
     @property
     def ack_clock(self) -> float | None:
@@ -864,25 +865,45 @@ class BrokerAPI:
         c.queue.vhost.mark_dirty(c.queue)
         return True
 
-    def isolate(self, vhost: str, queue: str, tag: str, connection_id: str = "") -> int | None:
-        """Blocklist a consumer and requeue its unacked messages to the others; returns how
-        many moved (0 if it was isolated already), None if there is no such consumer."""
-        c = self._consumer(vhost, queue, tag, connection_id)
-        if c is None:
-            return None
-        return fate.isolate(c, self._b.clock.monotonic())
-
-    def dead_letter_poison(
-        self, vhost: str, queue: str, tag: str, connection_id: str = ""
+    def isolate(
+        self,
+        vhost: str,
+        queue: str,
+        tag: str,
+        connection_id: str = "",
+        *,
+        timeout: float | None = None,
     ) -> int | None:
-        """Dead-letter, with reason ``poison``, the messages a consumer holds that other
-        consumers held without settling (SPEC 6), instead of isolating it; the consumers
-        isolated because of them alone are released. Returns how many were dead-lettered,
-        None if there is no such consumer."""
+        """Blocklist a consumer and requeue its unacked messages to the others; returns how
+        many moved (0 if it was isolated already, or if the delivery it works on was
+        dead-lettered as poison instead), None if there is no such consumer. With ``timeout``
+        (the ack timeout it is over), the delivery it works on first counts a timed-out
+        hand-out (see :meth:`count_timeout`)."""
         c = self._consumer(vhost, queue, tag, connection_id)
         if c is None:
             return None
-        return fate.poison(c, self._b.clock.monotonic())
+        return fate.isolate(c, self._b.clock.monotonic(), timeout)
+
+    def count_timeout(
+        self, vhost: str, queue: str, tag: str, connection_id: str = "", *, timeout: float
+    ) -> tuple[int, int, bool] | None:
+        """A consumer is over its ack timeout (``timeout`` seconds) and keeps its deliveries
+        (the cap spared it): the delivery it works on counts one more timed-out hand-out, at
+        most once per ``timeout``; at the queue's ``<poisonDeliveries>`` the message is
+        dead-lettered as poison and the consumer keeps the rest. Returns ``(message id, its
+        count, dead-lettered)``, None when nothing counted (no such consumer, nothing due, or
+        counted less than ``timeout`` ago)."""
+        c = self._consumer(vhost, queue, tag, connection_id)
+        if c is None:
+            return None
+        now = self._b.clock.monotonic()
+        m = fate.count_timeout(c, now, timeout)
+        if m is None:
+            return None
+        poison = fate.is_poison(c.queue, m)
+        if poison:
+            fate.expel_poison(c.queue, m, c, now)
+        return m.id, m.timeouts, poison
 
     def release(
         self, vhost: str, queue: str, tag: str, connection_id: str = "", *, reason: str
@@ -1091,7 +1112,7 @@ def _consumer_info(q: Queue, c: Consumer) -> ConsumerInfo:
         c.last_ack,
         c.first_delivery,
         c.busy_since,
-        c.poison_suspects,
+        c.counted_at if c.counted else None,
     )
 
 

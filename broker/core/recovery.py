@@ -171,6 +171,8 @@ class _Recovery:
                     rec.vhost,
                 )
                 continue
+            if rec.dead_letter_target:
+                q.dead_letter_target = True  # known as one since before the restart
             restored[rec.key] = q
         return restored
 
@@ -228,7 +230,7 @@ class _Recovery:
         last_key: QueueKey | None = None
         q: Queue | None = None
         for rec in store.read_messages():
-            key, mid, ex, rk, props, body, size, ts, arrival, count, delivered, due = rec
+            key, mid, ex, rk, props, body, size, ts, arrival, count, delivered, due, timeouts = rec
             if mid > max_id:
                 max_id = mid
             if key is not last_key:
@@ -253,6 +255,7 @@ class _Recovery:
                 # in memory (what Queue.pageable ensures for messages added live)
                 m.body = store.read_body(q, m)  # None: still paged
             m.delivery_count = count
+            m.timeouts = timeouts
             m.redelivered = delivered or count > 0
             m.stored = True
             if due is not None and q.retry_target is not None:

@@ -27,9 +27,11 @@ or taken back from an isolated consumer is one function of this module:
 :func:`isolate`             blocklist a consumer and requeue its unacked messages to the others
 :func:`release`             take a consumer off the blocklist
 :func:`requeue_unsettled`   messages a consumer held without settling come back (disconnect,
-                            isolation): the poison record, then :func:`requeue`
-:func:`poison`              an overdue consumer holds a message others held without settling:
-                            dead-letter it (reason ``poison``) instead of isolating the consumer
+                            isolation): poison ones dead-lettered, the others :func:`requeue`
+:func:`count_timeout`       a consumer's ack clock ran out: the delivery it works on counts one
+                            timed-out hand-out; at ``poisonDeliveries`` it is dead-lettered
+                            (reason ``poison``, parked in ``{queue}-DLQ`` without a target)
+:func:`timed_out_on_close`  the same for a consumer whose channel closes past its ack timeout
 :func:`hold_deferred`       a delivery that is not due yet (its ETA header): off the ack clock
 :func:`touch`               a consumer says it still works on a delivery: its ack clock restarts
 ==========================  ======================================================================
@@ -38,7 +40,7 @@ The session (the basic.* methods, channel close, basic.recover), the core API (i
 release, redrive), the queue (expiry, overflow, retry holds) call these; the message-event hooks
 (``broker_message_acked``, ``..._rejected``, ``..._redelivered``, ``..._dead_lettered``,
 ``..._enqueued``, ``..._removed``, ``..._expired``, ``..._dropped``,
-``broker_consumer_isolated``, ``..._released``) and the decision hooks
+``..._timed_out``, ``broker_consumer_isolated``, ``..._released``) and the decision hooks
 (``broker_reject_decision``, ``broker_redelivery_delay``, ``broker_dead_letter_target``) are
 called from here and from nowhere else, so no path can miss one. The queue keeps only the
 primitives (take from the ready list, put back, forget).
@@ -56,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from plugbroker.retry import DEFAULT_MAX_RECONSUME, MAX_DELAY, MIN_DELAY
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Container, Iterator, Sequence
 
     from plugbroker.domain.message import Message
     from plugbroker.domain.queue import Consumer, Queue
@@ -115,6 +117,12 @@ def _settled_by(consumer: Consumer | None, now: float, how: str, msg_id: int) ->
     n = consumer.unacked - 1
     consumer.unacked = n
     consumer.last_ack = now
+    if consumer.pardon:
+        consumer.pardon = 0  # it settled something: it is past the poison message
+        consumer.counted = 0
+    if consumer.counted == msg_id:
+        consumer.counted = 0  # the hand-out that timed out is over
+        consumer.counted_at = None
     if consumer.deferred:
         unheld(consumer, msg_id)
         restart_clock(consumer, now)
@@ -145,8 +153,6 @@ def reject(
     one), within the queue's delivery limit; ``requeue=false`` dead-letters or drops it.
     """
     tag = _settled_by(consumer, now, "rejected", msg.id)
-    if q.suspects:
-        forget_suspect(q, msg.id)  # a consumer settled it: not poison
     vh = q.vhost
     hooks = vh.hooks
     h = hooks.message_rejected
@@ -226,9 +232,6 @@ def requeue(
     """
     if q.deleted:
         return []
-    if q.suspects:
-        for m in msgs:
-            _unhold(q, m.id)
     limit = q.delivery_limit if count else None
     held = q.held
     live: list[Message] = []
@@ -281,6 +284,9 @@ def late_settle(
     nothing more: the message was requeued already.
     """
     consumer.last_ack = now
+    if consumer.pardon or consumer.counted == msg.id:
+        consumer.pardon = consumer.counted = 0
+        consumer.counted_at = None
     restart_clock(consumer, now)
     if consumer.isolated:
         release(consumer, "acked" if ack_ else "rejected")
@@ -458,30 +464,59 @@ def dead_letter(q: Queue, msg: Message, reason: str) -> bool:
     Queues the message already died in, with no rejection along the way, are skipped: that is a
     dead-letter cycle, which would otherwise go round for ever.
     """
+    return _dead_letter(q, msg, reason) is not None
+
+
+def dead_letter_or_park(q: Queue, msg: Message, reason: str) -> list[str]:
+    """Dead-letter ``msg`` as :func:`dead_letter` does; a queue with no target parks it in
+    ``{queue}-DLQ`` instead (declared durable on first use), so it is never dropped. Returns
+    the names of the queues that took it."""
+    taken = _dead_letter(q, msg, reason, park=True)
+    return [t.name for t in taken or ()]
+
+
+def park_queue_name(queue: str) -> str:
+    """Where a queue with no dead-letter target parks what must not be lost."""
+    name = f"{queue}-DLQ"
+    while len(name.encode()) > 255:  # names are at most 255 bytes
+        queue = queue[:-1]
+        name = f"{queue}-DLQ"
+    return name
+
+
+def _dead_letter(q: Queue, msg: Message, reason: str, *, park: bool = False) -> list[Queue] | None:
+    """:func:`dead_letter`; returns the queues that took the dead letter, None when the queue
+    has no target (and ``park`` is false)."""
     vh = q.vhost
     choose = vh.hooks.dead_letter_target
     chosen = None
     if choose is not None:
         chosen = choose(vhost=vh.name, queue=q.name, message=msg, reason=reason)
     extra: dict[str, Any] | None
+    declare = None
     if chosen is not None:
         target = chosen.exchange
         routing_key = chosen.routing_key
         extra = dict(chosen.headers) if chosen.headers else None
-        if chosen.declare_queue and chosen.declare_queue not in vh.queues:
-            dlq, _ = vh.declare_queue(chosen.declare_queue, durable=True)
-            log.info(
-                "dead-letter queue '%s' in vhost '%s' created for queue '%s'",
-                dlq.name,
-                vh.name,
-                q.name,
-            )
-    else:
-        if q.dlx is None:
-            return False
+        declare = chosen.declare_queue
+    elif q.dlx is not None:
         target = q.dlx
         routing_key = q.dlx_routing_key or msg.routing_key
         extra = None
+    elif park:
+        target = ""
+        routing_key = declare = park_queue_name(q.name)
+        extra = None
+    else:
+        return None
+    if declare and declare not in vh.queues:
+        dlq, _ = vh.declare_queue(declare, durable=True)
+        log.info(
+            "dead-letter queue '%s' in vhost '%s' created for queue '%s'",
+            dlq.name,
+            vh.name,
+            q.name,
+        )
     ex = vh.exchanges.get(target)
     if ex is None:
         log.warning(
@@ -491,7 +526,7 @@ def dead_letter(q: Queue, msg: Message, reason: str) -> bool:
             vh.name,
         )
         drop(q, msg, reason)
-        return True
+        return []
     if not _ensure_body(q, msg):
         log.error(
             "dead-lettering message %d of queue '%s' in vhost '%s': its body is gone; dropped",
@@ -499,7 +534,7 @@ def dead_letter(q: Queue, msg: Message, reason: str) -> bool:
             q.name,
             vh.name,
         )
-        return True
+        return []
     dead = make_dead_letter(
         q, msg, reason, routing_key=routing_key, exchange=target, extra_headers=extra
     )
@@ -531,12 +566,13 @@ def dead_letter(q: Queue, msg: Message, reason: str) -> bool:
             routing_key=dead.routing_key,
         )
     q.dead_lettered_total += 1
+    taken: list[Queue] = []
     if queues:
         taken = enqueue(vh, queues, dead, "dead-letter")
         for t in taken:
             counts = vh.dead_letter_queues.setdefault(t.name, {})
             counts[reason] = counts.get(reason, 0) + 1
-    return True
+    return taken
 
 
 def enqueue(vh: VirtualHost, queues: Sequence[Queue], msg: Message, reason: str) -> list[Queue]:
@@ -712,6 +748,7 @@ def forward(
     m.expires_at = None
     m.stored = False
     m.redelivered = False
+    m.timeouts = 0  # a new hand-out history in the target
     if reset_count:
         m.delivery_count = 0
     taken, _ = vh.deliver_to_queues([target], m)
@@ -1178,24 +1215,37 @@ class PacedRedrive:
 # --------------------------------------------------------------------------- isolation
 
 
-def isolate(consumer: Consumer, now: float) -> int:
+def isolate(consumer: Consumer, now: float, timeout: float | None = None) -> int:
     """Blocklist ``consumer`` and requeue its unacked messages to the others.
 
-    A later ack for one of them is accepted (see :func:`late_settle`). Calls
+    With ``timeout`` (the ack timeout it is over), the delivery it works on first counts a
+    timed-out hand-out (:func:`count_timeout`); if that makes the message poison, the message
+    is dead-lettered and the consumer is not isolated for it: it is pardoned instead (its clock
+    restarts and its next timeouts count against nothing until it settles something).
+    A later ack for a moved message is accepted (see :func:`late_settle`). Calls
     ``broker_consumer_isolated``. Returns how many messages moved.
     """
     if consumer.isolated:
         return 0
     q = consumer.queue
+    working = working_delivery(consumer, now)
+    if timeout is not None and working is not None:
+        counted = count_timeout(consumer, now, timeout, working)
+        if counted is not None and is_poison(q, counted):
+            expel_poison(q, counted, consumer, now)
+            return 0
     since = consumer.busy_since
     consumer.isolated = True
+    consumer.isolated_for = working.id if working is not None else 0
     moved = consumer.channel.take_unacked(consumer)
     consumer.unacked = 0
+    consumer.counted = 0
+    consumer.counted_at = None
     consumer.busy_since = None
     consumer.deferred.clear()
     consumer.due_heap.clear()
     if moved:
-        back = requeue_unsettled(q, [(m, consumer) for m in moved], "consumer-isolated")
+        back = requeue_unsettled(q, moved, "consumer-isolated")
         q.moved_waiting.update(m.id for m in back)
     vh = q.vhost
     h = vh.hooks.consumer_isolated
@@ -1238,185 +1288,168 @@ def release(consumer: Consumer, reason: str) -> None:
         )
 
 
-# --------------------------------------------------------------------------- poison
+# --------------------------------------------------------------------------- bounded tries
+#
+# A message counts the hand-outs whose ack clock ran out (``Message.timeouts``): whether its
+# consumer was then isolated or spared by the cap, whether the next hand-out went to the same
+# consumer or another, and when the consumer's channel closed past its timeout. At the queue's
+# ``poisonDeliveries`` the message is dead-lettered with reason ``poison`` (parked in
+# ``{queue}-DLQ`` when the queue has no target): a task longer than ``ackTimeout`` runs at most
+# that many times, whatever the number of consumers and the cap. Each step is O(1) or
+# O(deliveries the consumer holds), and happens once per timeout, never per message.
 
 #: the reason of a message dead-lettered as poison (x-death, hooks, journal)
 POISON = "poison"
 
 
-class Suspect:
-    """The poison record of one message (SPEC 6): the distinct consumers that held it without
-    settling it and lost it to isolation or a disconnect.
-
-    A queue keeps one only for a message that came back so (``Queue.suspects``, by message id)
-    and drops it (:func:`forget_suspect`) when the message is settled, rejected or
-    dead-lettered: the cost is per such message, O(1) per event.
-    """
-
-    __slots__ = ("holder", "holders")
-
-    def __init__(self) -> None:
-        self.holders: set[Consumer] = set()
-        #: the consumer that holds the message now and counts it in its ``poison_suspects``
-        #: (it would be the last of ``poisonDeliveries`` holders), else None
-        self.holder: Consumer | None = None
+def working_delivery(consumer: Consumer, now: float) -> Message | None:
+    """The delivery ``consumer`` works on: the oldest it holds unacked that is due (one held
+    before its ETA has not started). None when it holds none."""
+    deferred = consumer.deferred
+    for m in consumer.channel.held_by(consumer):
+        if deferred:
+            due = deferred.get(m.id)
+            if due is not None and due > now:
+                continue
+        return m
+    return None
 
 
-def _unhold(q: Queue, msg_id: int) -> None:
-    """The message left the consumer that held it: it no longer counts in its figure."""
-    rec = q.suspects.get(msg_id)
-    if rec is not None and rec.holder is not None:
-        rec.holder.poison_suspects -= 1
-        rec.holder = None
-
-
-def forget_suspect(q: Queue, msg_id: int) -> Suspect | None:
-    """Drop the poison record of a message (settled, rejected or dead-lettered).
-
-    Every holder has one open record fewer; an isolated holder that held a poison message and
-    has no open record left (all else it lost was settled by others) is released: its isolation
-    was caused by poison only.
-    """
-    rec = q.suspects.pop(msg_id, None)
-    if rec is None:
+def count_timeout(
+    consumer: Consumer, now: float, timeout: float, working: Message | None = None
+) -> Message | None:
+    """``consumer``'s ack clock ran out (``timeout`` seconds without settling anything): the
+    delivery it works on counts one more timed-out hand-out. A hand-out counts once per
+    ``timeout`` that runs out (a consumer the cap spares holds it on, and counts again a
+    timeout later). Stored messages keep the count across restarts; ``broker_message_timed_out``
+    is called. Returns the message counted, None when nothing was: it holds nothing due, its
+    hand-out counted less than ``timeout`` ago, or it is still busy with a message already
+    dead-lettered as poison (:attr:`~plugbroker.domain.queue.Consumer.pardon`)."""
+    if consumer.pardon:
+        # busy with a message that left as poison: nothing it holds is to blame (the check
+        # looks again a timeout later)
+        consumer.counted = consumer.pardon
+        consumer.counted_at = now
         return None
-    h = rec.holder
+    q = consumer.queue
+    m = working if working is not None else working_delivery(consumer, now)
+    if m is None or q.deleted:
+        return None
+    at = consumer.counted_at
+    if consumer.counted == m.id and at is not None and now - at < timeout:
+        return None
+    consumer.counted = m.id
+    consumer.counted_at = now
+    m.timeouts += 1
+    vh = q.vhost
+    if m.stored and vh.store.durable:
+        vh.store.update_message(q, m)
+    h = vh.hooks.message_timed_out
     if h is not None:
-        h.poison_suspects -= 1
-        rec.holder = None
-    for c in rec.holders:
-        c.open_suspects -= 1
-        if c.open_suspects <= 0 and c.poison_hit and c.isolated:
-            release(c, POISON)
-    return rec
+        h(
+            vhost=vh.name,
+            queue=q.name,
+            consumer_tag=consumer.tag,
+            connection_id=consumer.channel.connection_id,
+            message=m,
+            timeouts=m.timeouts,
+        )
+    return m
 
 
-def suspect_delivered(q: Queue, msg: Message, consumer: Consumer) -> None:
-    """``msg`` went to ``consumer`` (unacked, while ``q`` keeps poison records): if
-    ``poisonDeliveries - 1`` other consumers held it without settling, it counts in the
-    consumer's ``poison_suspects``, the figure the isolation check reads."""
-    rec = q.suspects.get(msg.id)
-    k = q.poison_deliveries
-    if rec is None or k is None:
+def is_poison(q: Queue, msg: Message) -> bool:
+    """Whether ``msg`` timed out as many times as ``q`` allows."""
+    limit = q.poison_deliveries
+    return limit is not None and msg.timeouts >= limit
+
+
+def timed_out_on_close(consumer: Consumer, now: float, poisoned: set[int]) -> None:
+    """``consumer``'s channel is closing while it holds deliveries: if its ack clock had run
+    out (its queue's ``ackTimeout``), the delivery it works on counts a timed-out hand-out, as
+    at a check; a message that becomes poison so is added to ``poisoned`` (the caller
+    dead-letters it instead of requeueing it: :func:`requeue_unsettled`). Call before the
+    channel lets go of the deliveries."""
+    q = consumer.queue
+    timeout = q.ack_timeout_ms / 1000
+    since = consumer.busy_since
+    if not timeout or since is None or now - since <= timeout:
         return
-    others = len(rec.holders) - (consumer in rec.holders)
-    if others >= k - 1:
-        if rec.holder is not None:
-            rec.holder.poison_suspects -= 1
-        rec.holder = consumer
-        consumer.poison_suspects += 1
+    m = count_timeout(consumer, now, timeout)
+    if m is not None and is_poison(q, m):
+        poisoned.add(m.id)
 
 
-def _held_without_settling(q: Queue, msg: Message, consumer: Consumer) -> bool:
-    """``consumer`` lost ``msg`` without settling it: add it to the message's poison record.
-    True when the record now names ``poisonDeliveries`` distinct consumers."""
-    k = q.poison_deliveries
-    if k is None or msg.id not in q.held:
-        return False
-    rec = q.suspects.get(msg.id)
-    if rec is None:
-        rec = q.suspects[msg.id] = Suspect()
-    elif rec.holder is not None:
-        rec.holder.poison_suspects -= 1
-        rec.holder = None
-    if consumer not in rec.holders:
-        rec.holders.add(consumer)
-        consumer.open_suspects += 1
-    return len(rec.holders) >= k
+def expel_poison(q: Queue, msg: Message, holder: Consumer | None, now: float) -> None:
+    """``msg`` timed out ``poisonDeliveries`` times: it leaves ``q`` for its dead-letter target
+    (or is parked in ``{queue}-DLQ``), with reason ``poison``, and one line says so.
 
-
-def _dead_letter_poison(q: Queue, msg: Message) -> None:
-    """``msg`` is poison: dead-letter it (or drop it), then release the consumers isolated
-    because of it alone."""
-    rec = q.suspects.pop(msg.id, None)
-    holders: set[Consumer] = set()
-    if rec is not None:
-        if rec.holder is not None:
-            rec.holder.poison_suspects -= 1
-            rec.holder = None
-        holders = rec.holders
+    ``holder`` (if it still holds it) loses it as on isolation, so its late ack is accepted,
+    its ack clock restarts and it is pardoned. The consumers isolated while working on it are
+    released, pardoned too: they may still be running it, and what they are handed meanwhile
+    is not to blame for their silence.
+    """
+    if holder is not None and holder.channel.take_unacked(holder, (msg.id,)):
+        holder.unacked = max(holder.unacked - 1, 0)
+        if holder.deferred:
+            unheld(holder, msg.id)
+        restart_clock(holder, now)
+        holder.pardon = msg.id
+        holder.counted = 0
+        holder.counted_at = None
     q.moved_waiting.discard(msg.id)
-    q.settle(msg)
+    if msg.id not in q.held:
+        return  # gone meanwhile
+    q.settle(msg)  # held by a consumer or just taken from one: never in the ready list
+    went = dead_letter_or_park(q, msg, POISON)
     vh = q.vhost
     policy_log.warning(
-        "queue '%s' in vhost '%s': message %d was held by %d consumers that neither acked, "
-        "nacked nor rejected it before isolation or disconnect; dead-lettered as poison",
+        "queue '%s' in vhost '%s': message %d%s timed out %d times (ackTimeout %g s) and was "
+        "dead-lettered as poison to %s; work longer than ackTimeout is handed out again at "
+        "every timeout: raise <isolation><ackTimeout> above the longest task, or have the "
+        "worker touch its deliveries (plugbroker.contrib.touch for Celery)",
         q.name,
         vh.name,
         msg.id,
-        len(holders),
+        _task_label(msg),
+        msg.timeouts,
+        q.ack_timeout_ms / 1000,
+        ", ".join(repr(n) for n in went) or "nowhere (no queue took it)",
     )
-    dead_letter_or_drop(q, msg, POISON)
-    for c in holders:
-        c.poison_hit = True
-        c.open_suspects -= 1
-        if c.open_suspects <= 0 and c.isolated:
+    for c in list(q.consumers):
+        if c.isolated and c.isolated_for == msg.id:
+            c.isolated_for = 0
+            c.pardon = msg.id
             release(c, POISON)
 
 
+def _task_label(msg: Message) -> str:
+    """`` (task 'name' id X)`` for a Celery task message, `` (message_id X)`` for one with a
+    message id, else nothing."""
+    h = msg.headers if msg._hoff >= 0 else {}
+    task, tid = h.get("task"), h.get("id")
+    if isinstance(task, str) and isinstance(tid, str):
+        return f" (task {task!r} id {tid})"
+    mid = msg.message_id
+    return f" (message_id {mid})" if isinstance(mid, str) and mid else ""
+
+
 def requeue_unsettled(
-    q: Queue, entries: Sequence[tuple[Message, Consumer | None]], reason: str
+    q: Queue, msgs: Sequence[Message], reason: str, poisoned: Container[int] = ()
 ) -> list[Message]:
     """Messages that consumers held without settling come back to ``q``: their channel closed
-    (or the connection went), or the consumer was isolated.
-
-    On a queue that keeps poison records (``<isolation><poisonDeliveries>``), each consumer's
-    oldest unsettled message (``entries`` are in delivery order), the one it was working on,
-    is added to that message's record with the consumer as a holder; the messages behind it
-    in its prefetch were never started and count for nothing, so restarting workers that had
-    prefetched a backlog does not make healthy messages look poisonous. A message whose record
-    reaches ``poisonDeliveries`` distinct consumers is dead-lettered with reason ``poison``
-    instead of coming back. The others go through :func:`requeue`. Returns the messages
-    requeued.
-    """
-    msgs = [m for m, _ in entries]
-    if q.poison_deliveries is not None and not q.deleted:
-        msgs = []
-        working: set[int] = set()  # consumers whose oldest message was seen already
-        for m, c in entries:
-            if c is not None and id(c) not in working:
-                working.add(id(c))
-                if _held_without_settling(q, m, c):
-                    _dead_letter_poison(q, m)
-                    continue
-            msgs.append(m)
+    (or the connection went), or the consumer was isolated. Those in ``poisoned`` (they just
+    timed out ``poisonDeliveries`` times: :func:`timed_out_on_close`) are dead-lettered as
+    poison instead; the others go through :func:`requeue`. Returns the messages requeued."""
+    if poisoned and not q.deleted:
+        now = q.vhost.clock.monotonic()
+        back = []
+        for m in msgs:
+            if m.id in poisoned:
+                expel_poison(q, m, None, now)
+            else:
+                back.append(m)
+        msgs = back
     return requeue(q, msgs, reason)
-
-
-def poison(consumer: Consumer, now: float) -> int:
-    """The isolation check found ``consumer`` over its ack timeout while it holds messages
-    that ``poisonDeliveries - 1`` other consumers held without settling (its
-    ``poison_suspects``): those are dead-lettered with reason ``poison`` instead of isolating
-    it, and the consumers isolated because of them alone are released.
-
-    The messages are taken from its channel as on isolation, so its late ack for one of them
-    is accepted; its ack clock starts again if it holds anything else. Returns how many
-    messages were dead-lettered.
-    """
-    q = consumer.queue
-    if consumer.poison_suspects <= 0 or q.deleted:
-        return 0
-    ids = {mid for mid, rec in q.suspects.items() if rec.holder is consumer}
-    taken = consumer.channel.take_unacked(consumer, ids)
-    if not taken:
-        return 0
-    consumer.unacked = max(consumer.unacked - len(taken), 0)
-    if consumer.deferred:
-        for m in taken:
-            unheld(consumer, m.id)
-    restart_clock(consumer, now)
-    dead = 0
-    back: list[Message] = []
-    for m in taken:
-        if _held_without_settling(q, m, consumer):
-            _dead_letter_poison(q, m)
-            dead += 1
-        else:
-            back.append(m)
-    if back:
-        q.moved_waiting.update(m.id for m in requeue(q, back, "consumer-isolated"))
-    q.vhost.mark_dirty(q)  # its prefetch slots are free again
-    return dead
 
 
 __all__ = [
@@ -1427,25 +1460,27 @@ __all__ = [
     "PacedRedrive",
     "RedrivePlan",
     "RetryRefused",
-    "Suspect",
     "ack",
     "ack_all",
     "cannot_move",
+    "count_timeout",
     "dead_letter",
     "dead_letter_or_drop",
+    "dead_letter_or_park",
     "death_reason_of",
     "drop",
+    "expel_poison",
     "expire",
-    "forget_suspect",
     "forward",
+    "is_poison",
     "isolate",
     "late_settle",
     "make_dead_letter",
     "origin_message_id",
     "original_queue_of",
     "overflow",
+    "park_queue_name",
     "plan_redrive",
-    "poison",
     "reconsume",
     "redrive",
     "redrive_one",
@@ -1455,5 +1490,6 @@ __all__ = [
     "requeue_unsettled",
     "retry_due",
     "settle_unacked",
-    "suspect_delivered",
+    "timed_out_on_close",
+    "working_delivery",
 ]

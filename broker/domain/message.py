@@ -11,6 +11,10 @@ from plugbroker.codec import properties as props_codec
 
 log = logging.getLogger("broker.message")
 
+#: the header that tells a consumer how many earlier hand-outs of a message ran past their ack
+#: timeout (set only once one did); ``x-delivery-count`` keeps counting requeues
+TIMEOUT_COUNT = "x-ack-timeout-count"
+
 
 class MessageIds:
     """Message ids of one broker: unique across its vhosts, increasing, never reused.
@@ -61,6 +65,7 @@ class Message:
         "redelivered",
         "routing_key",
         "stored",
+        "timeouts",
         "timestamp",
     )
 
@@ -98,6 +103,10 @@ class Message:
         #: wall-clock time it was published (for x-death and the journal)
         self.timestamp = timestamp
         self.delivery_count = 0
+        #: hand-outs whose ack clock ran out while a consumer held it (isolated or not),
+        #: shown to consumers as :data:`TIMEOUT_COUNT`; at ``<poisonDeliveries>`` it is
+        #: dead-lettered as poison (:func:`plugbroker.domain.fate.count_timeout`)
+        self.timeouts = 0
         self.redelivered = False
         #: monotonic deadline after which the message is expired, or None
         self.expires_at: float | None = None
@@ -155,12 +164,13 @@ class Message:
 
     def delivery_properties(self) -> bytes:
         """The raw properties to deliver: as published, plus ``x-delivery-count`` on a
-        redelivery (re-encoding only then, off the first-delivery hot path)."""
-        if not self.delivery_count:
+        redelivery and :data:`TIMEOUT_COUNT` once a hand-out of it timed out (re-encoding only
+        then, off the first-delivery hot path)."""
+        if not self.delivery_count and not self.timeouts:
             return self.properties
         props = self.decoded
         headers = dict(props.get("application_headers") or {})
-        headers["x-delivery-count"] = self.delivery_count
+        self._count_headers(headers)
         props["application_headers"] = headers
         try:
             return props_codec.encode(props)
@@ -178,11 +188,16 @@ class Message:
         only for queues that ask for it, e.g. ``x-ack-timeout`` under isolation)."""
         props = self.decoded
         headers = dict(props.get("application_headers") or {})
-        if self.delivery_count:
-            headers["x-delivery-count"] = self.delivery_count
+        self._count_headers(headers)
         headers[name] = value
         props["application_headers"] = headers
         return props_codec.encode(props)
+
+    def _count_headers(self, headers: dict[str, Any]) -> None:
+        if self.delivery_count:
+            headers["x-delivery-count"] = self.delivery_count
+        if self.timeouts:
+            headers[TIMEOUT_COUNT] = self.timeouts
 
     def copy(self) -> Message:
         m = Message(
@@ -201,6 +216,7 @@ class Message:
         m.persistent = self.persistent
         m._headers = self._headers
         m.delivery_count = self.delivery_count
+        m.timeouts = self.timeouts
         m.redelivered = self.redelivered
         m.expires_at = self.expires_at
         m.queue_name = self.queue_name
@@ -230,5 +246,5 @@ class Message:
     def __repr__(self) -> str:
         return (
             f"<Message {self.id} {self.exchange!r}/{self.routing_key!r} "
-            f"{self.body_size}B count={self.delivery_count}>"
+            f"{self.body_size}B count={self.delivery_count} timeouts={self.timeouts}>"
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from plugbroker.domain import fate
@@ -62,6 +62,10 @@ class ConsumerChannel(Protocol):
         error."""
         ...
 
+    def held_by(self, consumer: Consumer) -> Iterator[Message]:
+        """The messages ``consumer`` holds unacked on this channel, oldest delivery first."""
+        ...
+
 
 class Consumer:
     __slots__ = (
@@ -69,19 +73,20 @@ class Consumer:
         "busy_since",
         "capped",
         "channel",
+        "counted",
+        "counted_at",
         "deferred",
         "delivered_total",
         "due_heap",
         "exclusive",
         "first_delivery",
         "isolated",
+        "isolated_for",
         "last_ack",
         "max_unacked",
         "no_ack",
-        "open_suspects",
         "order",
-        "poison_hit",
-        "poison_suspects",
+        "pardon",
         "prefetch",
         "queue",
         "tag",
@@ -130,14 +135,17 @@ class Consumer:
         self.capped = False
         self.max_unacked = max_unacked
         self.delivered_total = 0
-        #: unacked messages it holds that ``poisonDeliveries - 1`` other consumers held without
-        #: settling: it would be the last of them (a running figure for the isolation check)
-        self.poison_suspects = 0
-        #: open poison records (:class:`~plugbroker.domain.fate.Suspect`) that name it as a holder
-        self.open_suspects = 0
-        #: it held a message that was dead-lettered as poison: once none of its open records
-        #: is left, its isolation was caused by poison only and it is released
-        self.poison_hit = False
+        #: the id of the delivery whose hand-out to it last counted a timeout (0: none), and
+        #: when (monotonic): a hand-out counts once per ``ackTimeout`` that runs out
+        #: (:func:`plugbroker.domain.fate.count_timeout`)
+        self.counted = 0
+        self.counted_at: float | None = None
+        #: the id of the delivery it was working on when it was isolated (0: none): when that
+        #: message is dead-lettered as poison, this consumer is released
+        self.isolated_for = 0
+        #: the id of a message dead-lettered as poison while this consumer was still working
+        #: on it (0: none): until it settles anything, its timeouts count against no message
+        self.pardon = 0
 
     def can_take(self) -> bool:
         if self.isolated:
@@ -248,12 +256,9 @@ class Queue:
         #: ids of messages taken back from an isolated consumer and not delivered again yet:
         #: a late ack for one of them can then find it without scanning the ready list
         self.moved_waiting: set[int] = set()
-        #: ``<isolation><poisonDeliveries>`` of a shared queue with isolation, else None (no
-        #: poison records are kept)
+        #: ``<isolation><poisonDeliveries>`` of a shared queue with isolation, else None: the
+        #: timed-out hand-outs after which a message is dead-lettered as poison
         self.poison_deliveries: int | None = None
-        #: poison records by message id, only for messages that came back from a consumer that
-        #: held them without settling (see :mod:`plugbroker.domain.fate`)
-        self.suspects: dict[int, fate.Suspect] = {}
         #: ETA awareness (``<isolation><etaHeaders>`` of a shared queue with isolation): the
         #: headers that say when a delivery is due; empty: every delivery is due at once
         self.eta_headers: tuple[str, ...] = ()
@@ -443,8 +448,6 @@ class Queue:
             self.bytes -= msg.body_size
             if msg.stored:
                 self.vhost.store_remove(self, msg)
-            if self.suspects:
-                fate.forget_suspect(self, msg.id)
 
     def settle(self, msg: Message) -> None:
         """A delivered message is done with (acked, or rejected without requeue)."""
@@ -787,7 +790,6 @@ class Queue:
         self.not_due.clear()
         self.bytes = self.ready_bytes = self.delayed = 0
         self.moved_waiting.clear()
-        self.suspects.clear()
         for t in (self._expiry_timer, self._idle_timer):
             if t is not None:
                 self.vhost.timers.cancel(t)

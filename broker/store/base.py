@@ -58,6 +58,8 @@ class QueueRecord:
     arguments: dict[str, Any]
     #: the subscription type it was declared with (None: the default)
     subscription_type: str | None
+    #: it is known as a dead-letter or retry target (no policy deletes or purges it)
+    dead_letter_target: bool = False
 
     @property
     def key(self) -> QueueKey:
@@ -104,6 +106,8 @@ class MessageRecord(NamedTuple):
     delivered: bool
     #: wall-clock time a hold ends (nack backoff, or a retry queue's delay); None: not held
     due: float | None
+    #: hand-outs of it whose ack clock ran out (``Message.timeouts``)
+    timeouts: int = 0
 
 
 class DelayedRecord(NamedTuple):

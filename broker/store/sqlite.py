@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("plugbroker.store")
 
 #: the layout this code writes; older layouts are migrated by MIGRATIONS, newer ones refused
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DB_NAME = "plugbroker.db"
 LOCK_NAME = "LOCK"
 #: beside the database: a store exists here, did the broker stop cleanly, what did it hold
@@ -102,7 +102,7 @@ CREATE TABLE exchanges (
 CREATE TABLE queues (
     qid INTEGER PRIMARY KEY, vhost TEXT NOT NULL, name TEXT NOT NULL,
     auto_delete INTEGER NOT NULL, arguments BLOB NOT NULL, subscription TEXT NOT NULL,
-    UNIQUE (vhost, name));
+    dead_letter_target INTEGER NOT NULL DEFAULT 0, UNIQUE (vhost, name));
 CREATE TABLE bindings (
     vhost TEXT NOT NULL, source TEXT NOT NULL, dest_kind TEXT NOT NULL, dest TEXT NOT NULL,
     routing_key TEXT NOT NULL, args_key TEXT NOT NULL, arguments BLOB NOT NULL,
@@ -112,7 +112,7 @@ CREATE TABLE messages (
     exchange TEXT NOT NULL, routing_key TEXT NOT NULL, properties BLOB NOT NULL,
     body BLOB NOT NULL, timestamp REAL NOT NULL, arrival REAL NOT NULL,
     delivery_count INTEGER NOT NULL DEFAULT 0, delivered INTEGER NOT NULL DEFAULT 0,
-    due REAL);
+    due REAL, timeouts INTEGER NOT NULL DEFAULT 0);
 CREATE UNIQUE INDEX messages_by_queue ON messages (qid, mid);
 CREATE TABLE delayed (
     mid INTEGER PRIMARY KEY, vhost TEXT NOT NULL, exchange TEXT NOT NULL,
@@ -120,8 +120,15 @@ CREATE TABLE delayed (
     timestamp REAL NOT NULL, due REAL NOT NULL);
 """
 
+
+def _v1_to_v2(db: sqlite3.Connection) -> None:
+    """Layout 2: a message's count of timed-out hand-outs, a queue's dead-letter-target mark."""
+    db.execute("ALTER TABLE messages ADD COLUMN timeouts INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE queues ADD COLUMN dead_letter_target INTEGER NOT NULL DEFAULT 0")
+
+
 #: ``{from_version: function(connection)}`` upgrading a store one version up
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
 
 _TABLES = {"meta", "exchanges", "queues", "bindings", "messages", "delayed"}
 
@@ -276,11 +283,19 @@ _CHUNK = 256  # rows per statement: 12 columns x 256 = 3072 parameters (SQLite a
 _INSERT: dict[int, str] = {}
 
 
+#: the columns a new message row is written with (``timeouts`` starts at its default)
+_MESSAGE_COLUMNS = (
+    "seq, qid, mid, exchange, routing_key, properties, body, timestamp, arrival, "
+    "delivery_count, delivered, due"
+)
+
+
 def _insert_sql(n: int) -> str:
     sql = _INSERT.get(n)
     if sql is None:
-        sql = _INSERT[n] = "INSERT OR REPLACE INTO messages VALUES " + ",".join(
-            ["(?,?,?,?,?,?,?,?,?,?,?,?)"] * n
+        sql = _INSERT[n] = (
+            f"INSERT OR REPLACE INTO messages ({_MESSAGE_COLUMNS}) VALUES "
+            + ",".join(["(?,?,?,?,?,?,?,?,?,?,?,?)"] * n)
         )
     return sql
 
@@ -775,7 +790,7 @@ class SQLiteStore:
     def update_message(self, queue: Queue, msg: Message) -> None:
         qid = self._qid_of.get(queue, 0)
         if qid:
-            self._op((_UPDATE, qid, msg.id, msg.delivery_count))
+            self._op((_UPDATE, qid, msg.id, (msg.delivery_count, msg.timeouts)))
 
     def delivered(self, queue: Queue, msg: Message) -> None:
         """A stored message went to a consumer for the first time (redelivered after a
@@ -877,7 +892,7 @@ class SQLiteStore:
             return
         self._sql(
             (
-                "INSERT OR REPLACE INTO queues VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO queues VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     qid,
                     key[0],
@@ -885,6 +900,7 @@ class SQLiteStore:
                     int(queue.auto_delete),
                     _table(queue.arguments),
                     queue.subscription_type,
+                    int(queue.dead_letter_target),
                 ),
             )
         )
@@ -1131,7 +1147,7 @@ class SQLiteStore:
         db = self._db
         adds: dict[tuple[int, int], tuple[Any, ...]] = {}
         dels: dict[tuple[int, int], None] = {}
-        counts: dict[tuple[int, int], int] = {}
+        counts: dict[tuple[int, int], tuple[int, int]] = {}  # (delivery count, timeouts)
         delivered: dict[tuple[int, int], None] = {}
         holds: dict[tuple[int, int], float] = {}
         dadds: dict[int, tuple[Any, ...]] = {}
@@ -1146,7 +1162,10 @@ class SQLiteStore:
             if adds:
                 rows = []
                 for key, op in adds.items():
-                    cnt = counts.pop(key, op[10])
+                    c = counts.pop(key, None)
+                    cnt = op[10] if c is None else c[0]
+                    if c is not None and c[1]:
+                        counts[key] = c  # its timeouts go in with the update below
                     dl = 1 if delivered.pop(key, 0) is None else 0
                     rows.append(
                         (
@@ -1171,8 +1190,8 @@ class SQLiteStore:
                 adds.clear()
             if counts:
                 db.executemany(
-                    "UPDATE messages SET delivery_count = ? WHERE qid = ? AND mid = ?",
-                    [(c, k[0], k[1]) for k, c in counts.items()],
+                    "UPDATE messages SET delivery_count = ?, timeouts = ? WHERE qid = ? AND mid = ?",
+                    [(c[0], c[1], k[0], k[1]) for k, c in counts.items()],
                 )
                 counts.clear()
             if delivered:
@@ -1362,9 +1381,10 @@ class SQLiteStore:
                 )
             ),
             queues=tuple(
-                QueueRecord(vh, name, bool(auto_delete), _untable(args), stype or None)
-                for vh, name, auto_delete, args, stype in db.execute(
-                    "SELECT vhost, name, auto_delete, arguments, subscription FROM queues"
+                QueueRecord(vh, name, bool(auto_delete), _untable(args), stype or None, bool(dlt))
+                for vh, name, auto_delete, args, stype, dlt in db.execute(
+                    "SELECT vhost, name, auto_delete, arguments, subscription, dead_letter_target "
+                    "FROM queues"
                 )
             ),
             bindings=tuple(
@@ -1387,19 +1407,21 @@ class SQLiteStore:
         cur = self._db.execute(
             "SELECT qid, mid, exchange, routing_key, properties, "
             f"CASE WHEN qid IN ({paged or '0'}) THEN NULL ELSE body END, length(body), "
-            "timestamp, arrival, delivery_count, delivered, due FROM messages ORDER BY seq"
+            "timestamp, arrival, delivery_count, delivered, due, timeouts FROM messages "
+            "ORDER BY seq"
         )
         # one record per row: built with tuple.__new__ (a named tuple's own __new__ is a
         # Python function), the queue's key object shared by its records
         new = tuple.__new__
         record = MessageRecord
-        for qid, mid, ex, rk, props, body, size, ts, arrival, count, dlv, due in cur:
+        for qid, mid, ex, rk, props, body, size, ts, arrival, count, dlv, due, tmo in cur:
             key = names.get(qid)
             if key is None:
                 orphans.add(qid)
                 continue
             yield new(
-                record, (key, mid, ex, rk, props, body, size, ts, arrival, count, dlv != 0, due)
+                record,
+                (key, mid, ex, rk, props, body, size, ts, arrival, count, dlv != 0, due, tmo),
             )
         for qid in sorted(orphans):
             log.warning("store: messages of a queue with no record (id %d) dropped", qid)

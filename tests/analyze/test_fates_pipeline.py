@@ -244,7 +244,7 @@ def test_recommend_keeps_its_rules_and_the_real_action(spark, fates, tmp_path):
 def test_a_version_1_journal_is_still_read(spark, tmp_path):
     files = list(V1_JOURNAL.rglob("*.parquet"))
     assert files and pq.read_schema(files[0]).metadata[METADATA_KEY] == b"1"
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     check_local_journal(str(V1_JOURNAL))  # no error
     from plugbroker.analyze.report import report
 
@@ -316,9 +316,9 @@ def test_a_newer_journal_is_refused_with_its_version(tmp_path):
 
     d = tmp_path / "j" / "date=2026-01-01" / "hour=00"
     d.mkdir(parents=True)
-    schema = SCHEMA.with_metadata({METADATA_KEY: b"3"})
+    schema = SCHEMA.with_metadata({METADATA_KEY: b"4"})
     pq.write_table(pa.Table.from_pylist([], schema=schema), d / "events-x.parquet")
-    with pytest.raises(JournalError, match="schema version 3; this pipeline reads version 2"):
+    with pytest.raises(JournalError, match="schema version 4; this pipeline reads version 3"):
         check_local_journal(str(tmp_path / "j"))
 
 

@@ -464,7 +464,7 @@ def test_the_replay_rebuilds_the_live_broker_snapshot(broker_factory, tmp_path):
     assert checked == 2
 
 
-def test_the_replay_rebuilds_poison_records_and_proposes_the_dead_letter():
+def test_the_replay_counts_timed_out_hand_outs_and_dead_letters_at_poison_deliveries():
     r = replayer(
         '<queue name="work"><isolation><ackTimeout>5s</ackTimeout><checkPeriod>1s</checkPeriod>'
         "<maxIsolatedRatio>1</maxIsolatedRatio><poisonDeliveries>2</poisonDeliveries>"
@@ -501,15 +501,17 @@ def test_the_replay_rebuilds_poison_records_and_proposes_the_dead_letter():
     r.feed(ev("redelivered", 7.5, "work", message_id=1, reason="consumer-isolated"))
     r.feed(delivered(7.51, "b", 1))
     actions = r.finish(T0 + 16)
-    by_tag = {(a["action"], a["consumer_tag"]) for a in actions}
-    # a is isolated at the check at t=7 (5.99 s on its clock); b, the second holder of message
-    # 1, is over its ack timeout at t=13: the candidate dead-letters the message instead
-    assert ("IsolateConsumer", "a") in by_tag
-    assert ("DeadLetterPoison", "b") in by_tag and ("IsolateConsumer", "b") not in by_tag
-    # proposed once: in the replay the message leaves and a is released
-    [p] = [a for a in actions if a["action"] == "DeadLetterPoison"]
-    assert p["at"] == T0 + 13 and p["threshold"] == "ackTimeout"
-    assert [a["action"] for a in actions if a["consumer_tag"] == "a"] == ["IsolateConsumer"]
+    by_tag = [(a["action"], a["consumer_tag"]) for a in actions]
+    # a is isolated at the check at t=7 (5.99 s on its clock): message 1's first timed-out
+    # hand-out; b, its second holder, is over its ack timeout at t=13: the second, and with
+    # <poisonDeliveries>2 the message is dead-lettered instead of b being isolated
+    assert by_tag == [("IsolateConsumer", "a"), ("IsolateConsumer", "b"), ("Poison", "b")]
+    [p] = [a for a in actions if a["action"] == "Poison"]
+    assert p["at"] == T0 + 13 and p["threshold"] == "poisonDeliveries"
+    assert (p["configured"], p["measured"]) == (2.0, 2.0)
+    q = r.queues[("/", "work")]
+    # in the replay the message left; a (isolated for it) is released, b is not isolated
+    assert 1 not in q.held and not any(c.isolated for c in q.consumers.values())
 
 
 def test_a_settled_message_leaves_no_poison_record_in_the_replay():

@@ -31,6 +31,7 @@ class Hooks:
         "message_dead_lettered",
         "message_expired",
         "message_dropped",
+        "message_timed_out",
         "consumer_isolated",
         "consumer_released",
     )
@@ -73,8 +74,6 @@ class Channel:
         consumer.unacked += 1
         if consumer.first_delivery is None:
             consumer.first_delivery = queue.vhost.clock.monotonic()
-        if queue.suspects:
-            fate.suspect_delivered(queue, msg, consumer)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         pass
@@ -88,9 +87,16 @@ class Channel:
                 out.append(entry[0])
         return out
 
+    def held_by(self, consumer: Consumer) -> Any:
+        return (m for m, _, c in self.unacked.values() if c is consumer)
+
     def close(self) -> None:
         """The channel goes away: its consumers leave and what they held comes back unsettled
-        (what the session's teardown does)."""
+        (what the session's teardown does), a consumer past its ack timeout counting one."""
+        poisoned: set[int] = set()
+        for c in {id(c): c for _, _, c in self.unacked.values()}.values():
+            if c.queue.poison_deliveries is not None:
+                fate.timed_out_on_close(c, c.queue.vhost.clock.monotonic(), poisoned)
         entries = list(self.unacked.values())
         self.unacked.clear()
         for _, q, c in entries:
@@ -98,11 +104,11 @@ class Channel:
             if not c.unacked:
                 c.busy_since = None
             q.remove_consumer(c)
-        by_queue: dict[int, tuple[Queue, list[tuple[Message, Consumer]]]] = {}
-        for msg, q, c in entries:  # delivery order, one call per queue, as the session does
-            by_queue.setdefault(id(q), (q, []))[1].append((msg, c))
+        by_queue: dict[int, tuple[Queue, list[Message]]] = {}
+        for msg, q, _c in entries:  # delivery order, one call per queue, as the session does
+            by_queue.setdefault(id(q), (q, []))[1].append(msg)
         for q, held in by_queue.values():
-            fate.requeue_unsettled(q, held, "channel-closed")
+            fate.requeue_unsettled(q, held, "channel-closed", poisoned)
         for _, _, c in entries:
             fate.release(c, "disconnected")
 
@@ -643,17 +649,21 @@ def test_a_paced_redrive_stops_when_its_queue_is_deleted(vh, hooks, clock):
     assert paced.done and q.message_count == 1
 
 
-# --------------------------------------------------------------------------- poison
+# --------------------------------------------------------------------------- bounded tries
+
+#: the ack timeout of the queues below, seconds
+TIMEOUT = 5.0
 
 
 def poison_queue(vh: VirtualHost, k: int = 3, dlx: bool = True) -> tuple[Queue, Queue | None]:
-    """A shared queue keeping poison records (what ``<isolation><poisonDeliveries>`` sets)."""
+    """A shared queue under isolation with ``<poisonDeliveries>`` k and a 5 s ack timeout."""
     if dlx:
         q, dlq = with_dlq(vh)
     else:
         q, _ = vh.declare_queue("q")
         dlq = None
     q.poison_deliveries = k
+    q.ack_timeout_ms = round(TIMEOUT * 1000)
     return q, dlq
 
 
@@ -661,40 +671,134 @@ def death_reasons(dlq: Queue) -> list[str]:
     return [fate.death_reason_of(m) or "" for m in dlq.ready]
 
 
-def test_a_message_three_consumers_held_past_isolation_is_dead_lettered_as_poison(vh, hooks, clock):
+def late_ack(ch: Channel, clock: ManualClock) -> None:
+    """The consumer of ``ch`` acks every delivery taken back from it (it finished them)."""
+    for tag in list(ch.moved):
+        msg, queue, cons = ch.moved.pop(tag)
+        fate.late_settle(queue, msg, cons, ch, True, clock.monotonic())
+
+
+def test_a_task_longer_than_its_timeout_runs_at_most_poison_deliveries_times_on_two_consumers(
+    vh, hooks, clock
+):
     q, dlq = poison_queue(vh)
-    [m] = put(vh, q, b"poison")
-    a = consume(q, Channel("a"), "a")
-    clock.advance(10)
-    fate.isolate(a, clock.monotonic())
-    assert q.suspects[m.id].holders == {a} and a.open_suspects == 1
-    b = consume(q, Channel("b"), "b")
-    assert b.unacked == 1 and b.poison_suspects == 0  # one other holder: not yet the last
-    clock.advance(10)
-    fate.isolate(b, clock.monotonic())
-    c_ch = Channel("c")
-    c = consume(q, c_ch, "c")
-    assert c.unacked == 1 and c.poison_suspects == 1  # it would be the third
-    clock.advance(10)
-    assert fate.poison(c, clock.monotonic()) == 1
-    # dead-lettered with reason poison, the isolations it caused released, c never isolated
-    assert death_reasons(dlq) == ["poison"]
+    [m] = put(vh, q, b"long task")
+    a_ch, b_ch = Channel("a"), Channel("b")
+    a = consume(q, a_ch, "a")
+    b = consume(q, b_ch, "b")
+    assert a.unacked == 1 and b.unacked == 0
+    clock.advance(TIMEOUT + 1)
+    # the check isolates a (the cap of 2 allows one): its delivery counts first
+    fate.isolate(a, clock.monotonic(), TIMEOUT)
+    q.dispatch()
+    assert a.isolated and m.timeouts == 1 and b.unacked == 1  # handed to b
+    clock.advance(TIMEOUT + 1)
+    # b is over its timeout too but the cap spares it: its timeout counts all the same
+    assert fate.count_timeout(b, clock.monotonic(), TIMEOUT) is m and m.timeouts == 2
+    assert fate.count_timeout(b, clock.monotonic(), TIMEOUT) is None  # once per timeout
+    clock.advance(TIMEOUT)
+    assert fate.count_timeout(b, clock.monotonic(), TIMEOUT) is m and m.timeouts == 3
+    assert fate.is_poison(q, m)
+    fate.expel_poison(q, m, b, clock.monotonic())
+    # dead-lettered with reason poison; a, isolated while working on it, is released
+    assert death_reasons(dlq) == ["poison"] and q.message_count == 0
     [dead] = hooks.named("message_dead_lettered")
     assert dead["reason"] == "poison" and dead["message"] is m
-    released = hooks.named("consumer_released")
-    assert sorted(r["consumer_tag"] for r in released) == ["a", "b"]
-    assert {r["reason"] for r in released} == {"poison"}
-    assert not a.isolated and not b.isolated and not c.isolated
-    assert c.unacked == 0 and c.busy_since is None and c.poison_suspects == 0
-    assert q.message_count == 0 and q.suspects == {}
-    assert a.open_suspects == b.open_suspects == 0
-    # c's late ack for the dead-lettered message is accepted and changes nothing
-    msg, queue, cons = c_ch.moved.pop(1)
-    fate.late_settle(queue, msg, cons, c_ch, True, clock.monotonic())
+    assert [t["timeouts"] for t in hooks.named("message_timed_out")] == [1, 2, 3]
+    assert [t["consumer_tag"] for t in hooks.named("message_timed_out")] == ["a", "b", "b"]
+    assert not a.isolated and hooks.named("consumer_released")[-1]["reason"] == "poison"
+    assert not b.isolated and b.unacked == 0 and b.busy_since is None
+    # both may still be running it: their late acks are accepted and change nothing
+    late_ack(a_ch, clock)
+    late_ack(b_ch, clock)
     assert hooks.named("message_acked") == [] and len(dlq.ready) == 1
 
 
-def test_consumers_that_disconnect_holding_it_count_too_and_without_a_target_it_is_dropped(
+def test_one_consumer_alone_gets_its_message_dead_lettered_after_three_timeouts(vh, hooks, clock):
+    q, dlq = poison_queue(vh)
+    [m] = put(vh, q, b"hangs")
+    ch = Channel("only")
+    c = consume(q, ch, "only")
+    for n in (1, 2):
+        clock.advance(TIMEOUT + 0.5)
+        assert fate.count_timeout(c, clock.monotonic(), TIMEOUT) is m and m.timeouts == n
+        assert not fate.is_poison(q, m) and c.unacked == 1
+    clock.advance(TIMEOUT + 0.5)
+    assert fate.count_timeout(c, clock.monotonic(), TIMEOUT) is m and fate.is_poison(q, m)
+    fate.expel_poison(q, m, c, clock.monotonic())
+    assert death_reasons(dlq) == ["poison"] and c.unacked == 0
+    # still busy with it: a new delivery's timeouts count against nothing until it settles
+    [n] = put(vh, q, b"next")
+    q.dispatch()
+    assert c.unacked == 1 and c.pardon == m.id
+    clock.advance(TIMEOUT + 1)
+    assert fate.count_timeout(c, clock.monotonic(), TIMEOUT) is None and n.timeouts == 0
+    late_ack(ch, clock)  # it finished the poison message
+    assert c.pardon == 0
+    clock.advance(TIMEOUT + 1)
+    assert fate.count_timeout(c, clock.monotonic(), TIMEOUT) is n and n.timeouts == 1
+
+
+def test_three_consumers_with_the_default_cap_stop_it_too(vh, hooks, clock):
+    q, dlq = poison_queue(vh)
+    [m] = put(vh, q, b"poison")
+    chans = [Channel(f"c{i}") for i in range(3)]
+    cs = [consume(q, ch, f"c{i}") for i, ch in enumerate(chans)]
+    holder = next(c for c in cs if c.unacked)
+    clock.advance(TIMEOUT + 1)
+    fate.isolate(holder, clock.monotonic(), TIMEOUT)  # floor(0.6 x 3) = 1 isolated
+    q.dispatch()
+    ran_on = {holder.tag}
+    while m.id in q.held:
+        holder = next(c for c in cs if c.unacked)
+        ran_on.add(holder.tag)
+        clock.advance(TIMEOUT + 1)
+        got = fate.count_timeout(holder, clock.monotonic(), TIMEOUT)  # spared by the cap
+        assert got is m
+        if fate.is_poison(q, m):
+            fate.expel_poison(q, m, holder, clock.monotonic())
+    assert m.timeouts == 3 and death_reasons(dlq) == ["poison"]
+    # handed out twice: isolated once, then the spared consumer's timeouts count on
+    assert len(ran_on) == 2
+    assert not any(c.isolated for c in cs)
+
+
+def test_isolation_of_a_consumer_whose_message_turns_poison_is_not_done(vh, hooks, clock):
+    q, dlq = poison_queue(vh, k=1)
+    [m, other] = put(vh, q, b"bad", b"queued")
+    ch = Channel("a")
+    a = consume(q, ch, "a", prefetch=2)
+    clock.advance(TIMEOUT + 1)
+    assert fate.isolate(a, clock.monotonic(), TIMEOUT) == 0
+    assert not a.isolated and a.pardon == m.id and a.unacked == 1  # keeps what it had not started
+    assert death_reasons(dlq) == ["poison"] and other.timeouts == 0
+    assert hooks.named("consumer_isolated") == []
+
+
+def test_only_the_delivery_a_consumer_works_on_counts(vh, hooks, clock):
+    q, _ = poison_queue(vh)
+    bad, good = put(vh, q, b"bad", b"good")
+    a = consume(q, Channel("a"), "a")
+    assert a.unacked == 2
+    clock.advance(TIMEOUT + 1)
+    fate.isolate(a, clock.monotonic(), TIMEOUT)
+    # "good" sat in its prefetch behind the one it was working on
+    assert (bad.timeouts, good.timeouts) == (1, 0)
+    assert a.isolated_for == bad.id
+
+
+def test_a_delivery_not_due_yet_is_not_the_one_it_works_on(vh, hooks, clock):
+    q, _ = poison_queue(vh)
+    eta, now_ = put(vh, q, b"eta", b"now")
+    ch = Channel("a")
+    a = consume(q, ch, "a")
+    fate.hold_deferred(a, eta.id, clock.monotonic() + 3600)
+    clock.advance(TIMEOUT + 1)
+    assert fate.working_delivery(a, clock.monotonic()) is now_
+    assert fate.count_timeout(a, clock.monotonic(), TIMEOUT) is now_ and eta.timeouts == 0
+
+
+def test_a_consumer_that_crashes_past_its_timeout_counts_and_the_third_crash_parks_it(
     vh, hooks, clock
 ):
     q, _ = poison_queue(vh, dlx=False)
@@ -702,96 +806,61 @@ def test_consumers_that_disconnect_holding_it_count_too_and_without_a_target_it_
     for i in range(2):
         ch = Channel(f"conn-{i}")
         consume(q, ch, f"c{i}")
-        ch.close()
-        assert m.id in q.held and len(q.suspects[m.id].holders) == i + 1
+        clock.advance(TIMEOUT + 1)
+        ch.close()  # it went away past its ack timeout without settling
+        q.dispatch()
+        assert m.id in q.held and m.timeouts == i + 1
+        assert m.delivery_properties() != m.properties  # the count is shown on redelivery
     last = Channel("conn-2")
     consume(q, last, "c2")
-    last.close()  # the third holder goes away without settling it: poison
-    assert q.message_count == 0 and q.suspects == {}
-    [drop] = hooks.named("message_dropped")
-    assert drop["reason"] == "poison" and drop["message"] is m
+    clock.advance(TIMEOUT + 1)
+    last.close()
+    # no dead-letter target: parked in q-DLQ, declared durable, never dropped
+    assert q.message_count == 0 and hooks.named("message_dropped") == []
+    parked = vh.queues["q-DLQ"]
+    assert parked.durable and death_reasons(parked) == ["poison"]
+    assert parked.dead_letter_target
 
 
-def test_a_consumer_that_settles_it_clears_the_record(vh, hooks, clock):
-    q, dlq = poison_queue(vh, k=2)
-    [m] = put(vh, q, b"fine")
-    a = consume(q, Channel("a"), "a")
-    fate.isolate(a, clock.monotonic())
-    b_ch = Channel("b")
-    b = consume(q, b_ch, "b")
-    assert b.poison_suspects == 1
-    # b rejects it with requeue: a consumer settled it, so it is not poison
-    msg, queue, cons = b_ch.unacked.pop(1)
-    fate.reject(queue, msg, cons, b_ch, True, clock.monotonic())
-    assert q.suspects == {} and b.poison_suspects == 0 and a.open_suspects == 0
-    assert a.isolated  # a was stuck for its own reasons: it stays isolated
-    c_ch = Channel("c")
-    consume(q, c_ch, "c")
-    c_ch.close()  # one holder again, of two: it comes back
-    assert m.id in q.held and not dlq.ready
-
-
-def test_an_isolated_consumer_is_released_when_the_message_it_was_working_on_is_poison(
-    vh, hooks, clock
-):
-    q, dlq = poison_queue(vh, k=2)
-    _, good = put(vh, q, b"bad", b"good")
-    a = consume(q, Channel("a"), "a")
-    assert a.unacked == 2
-    fate.isolate(a, clock.monotonic())
-    # only the message it was working on (its oldest) counts; "good" sat in its prefetch
-    assert a.open_suspects == 1 and good.id not in q.suspects
-    b_ch = Channel("b")
-    b = consume(q, b_ch, "b", prefetch=1)  # takes "bad" only
-    assert b.poison_suspects == 1
-    clock.advance(10)
-    assert fate.poison(b, clock.monotonic()) == 1
-    assert death_reasons(dlq) == ["poison"]
-    assert not a.isolated and a.open_suspects == 0
-    assert hooks.named("consumer_released")[-1]["reason"] == "poison"
-    assert q.suspects == {} and good.id in q.held
-
-
-def test_restarting_workers_that_prefetched_a_backlog_makes_no_message_poison(vh, hooks, clock):
-    q, dlq = poison_queue(vh, k=3)
+def test_a_channel_that_closes_before_the_timeout_counts_nothing(vh, hooks, clock):
+    q, dlq = poison_queue(vh)
     put(vh, q, *[f"m{i}".encode() for i in range(20)])
     for name in ("a", "b", "c", "d"):
         # a rolling restart: each worker prefetches 10, finishes the one it was working on
         # (a warm shutdown), then goes; the 9 behind it were never started
         ch = Channel(name)
         c = consume(q, ch, name, prefetch=10)
+        clock.advance(1)
         tag = next(iter(ch.unacked))
         msg, _, _ = ch.unacked.pop(tag)
         fate.ack(q, msg, c, ch, clock.monotonic())
         ch.close()
     assert q.message_count == 16 and dlq is not None and dlq.message_count == 0
-    # at most the message after the one each worker finished is suspected, by that one worker
-    assert all(len(rec.holders) == 1 for rec in q.suspects.values())
+    assert all(m.timeouts == 0 for m in q.held.values())
+    assert hooks.named("message_timed_out") == []
 
 
-def test_a_stuck_consumer_whose_messages_others_settle_stays_isolated(vh, hooks, clock):
-    q, dlq = poison_queue(vh)
-    put(vh, q, b"x", b"y")
+def test_a_settled_hand_out_starts_afresh(vh, hooks, clock):
+    q, dlq = poison_queue(vh, k=2)
+    [m] = put(vh, q, b"slow but fine")
+    ch = Channel("a")
+    a = consume(q, ch, "a")
+    clock.advance(TIMEOUT + 1)
+    assert fate.count_timeout(a, clock.monotonic(), TIMEOUT) is m
+    msg, queue, cons = ch.unacked.pop(1)
+    fate.ack(queue, msg, cons, ch, clock.monotonic())  # it finished after all
+    assert a.counted == 0 and q.message_count == 0 and not dlq.ready
+
+
+def test_the_count_is_shown_as_a_header_beside_the_delivery_count(vh, hooks, clock):
+    q, _ = poison_queue(vh)
+    [m] = put(vh, q, b"x")
     a = consume(q, Channel("a"), "a")
-    fate.isolate(a, clock.monotonic())
-    b_ch = Channel("b")
-    b = consume(q, b_ch, "b")
-    for tag in list(b_ch.unacked):
-        msg, queue, cons = b_ch.unacked.pop(tag)
-        fate.ack(queue, msg, cons, b_ch, clock.monotonic())
-    assert q.suspects == {} and a.open_suspects == 0 and b.unacked == 0
-    assert a.isolated and hooks.named("consumer_released") == []
-    assert not dlq.ready
-
-
-def test_no_records_without_poison_deliveries(vh, hooks, clock):
-    q, _ = vh.declare_queue("q")  # no <isolation>: poison_deliveries is None
-    [m] = put(vh, q, b"m")
-    for i in range(4):
-        ch = Channel(f"conn-{i}")
-        consume(q, ch, f"c{i}")
-        ch.close()
-    assert q.suspects == {} and m.id in q.held and m.delivery_count == 4
+    consume(q, Channel("b"), "b")
+    clock.advance(TIMEOUT + 1)
+    fate.isolate(a, clock.monotonic(), TIMEOUT)
+    headers = P.decode(m.delivery_properties())["application_headers"]
+    assert headers["x-ack-timeout-count"] == 1 and headers["x-delivery-count"] == 1
 
 
 # --------------------------------------------------------------------------- in steps

@@ -25,6 +25,7 @@ ATTRIBUTES = (
     "redelivered",
     "routing_key",
     "stored",
+    "timeouts",
     "timestamp",
 )
 

@@ -6,7 +6,7 @@ from plugbroker.plugins.isolation import evaluate
 from plugbroker.plugins.isolation_config import IsolationConfig
 from plugbroker.policy import (
     ConsumerView,
-    DeadLetterPoison,
+    CountTimeout,
     IsolateConsumer,
     QueueView,
     Snapshot,
@@ -27,12 +27,12 @@ def consumer(
     last_ack: float | None = None,
     first: float | None = 0.0,
     isolated: bool = False,
-    poison: int = 0,
+    timed_out: float | None = None,
 ) -> ConsumerView:
-    """A consumer view; ``clock`` is its ack clock (``busy_since``), ``poison`` its
-    ``poison_suspects``."""
+    """A consumer view; ``clock`` is its ack clock (``busy_since``), ``timed_out`` when the
+    delivery it works on last counted a timed-out hand-out."""
     return ConsumerView(
-        tag, "conn-" + tag, 1, unacked, last_ack, first, isolated, 10, False, clock, poison
+        tag, "conn-" + tag, 1, unacked, last_ack, first, isolated, 10, False, clock, timed_out
     )
 
 
@@ -111,8 +111,11 @@ def test_scheme_4_at_most_sixty_percent_are_isolated_and_the_cap_is_reported_onc
     assert isolated_tags(actions) == ["a"]  # floor(0.6 x 2) = 1, the longest silent first
     [spared] = [a for a in actions if isinstance(a, Spared)]
     assert "cap held" in spared.reason and "b" in spared.reason
-    # the next check does not repeat the cap line while nothing changed
-    again = queue(consumer("a", isolated=True, unacked=0), consumer("b", clock=10.0))
+    # the next check does not repeat the cap line while nothing changed (and b's hand-out
+    # counted its timeout at 1000 already)
+    again = queue(
+        consumer("a", isolated=True, unacked=0), consumer("b", clock=10.0, timed_out=1000.0)
+    )
     assert evaluate(Snapshot(1001.0, (again,)), state, POLICIES) == []
     five = queue(*(consumer(f"c{i}", clock=0.0) for i in range(5)))
     assert (
@@ -147,30 +150,50 @@ def test_queues_without_isolation_are_ignored():
     assert evaluate(Snapshot(1000.0, (q,)), {}, POLICIES) == []
 
 
-def test_an_overdue_consumer_holding_a_suspect_message_is_not_isolated_the_message_is_poison():
-    q = queue(
-        consumer("first", unacked=0, clock=None, isolated=True),
-        consumer("second", unacked=0, clock=None, isolated=True),
-        consumer("third", clock=0.0, poison=1),
-        consumer("ok", clock=250.0),
-    )
-    # not yet over its ack timeout: nothing
-    assert evaluate(Snapshot(299.0, (q,)), {}, POLICIES) == []
-    [a] = evaluate(Snapshot(301.0, (q,)), {}, POLICIES)
-    assert isinstance(a, DeadLetterPoison) and a.consumer_tag == "third"
-    assert a.connection_id == "conn-third" and a.policy == "Isolation"
-    assert (a.threshold, a.configured, a.measured) == ("ackTimeout", 300.0, 301.0)
-    assert "poison" in a.reason and "2 other consumer(s)" in a.reason
-
-
-def test_poison_is_outside_the_cap_and_other_overdue_consumers_are_still_isolated():
-    # 0.6 x 3 = 1 may be isolated, and one is: an ordinary overdue consumer is spared, but the
-    # poison holder still gets its message dead-lettered (nobody is isolated for it)
+def test_a_consumer_the_cap_spares_still_counts_its_timeout_against_the_message():
+    # floor(0.6 x 2) = 1 is isolated already: the other overdue consumer is spared, but the
+    # delivery it works on counts a timed-out hand-out all the same
     q = queue(
         consumer("isolated", unacked=0, clock=None, isolated=True),
-        consumer("holder", clock=0.0, poison=1),
-        consumer("stuck", clock=0.0),
+        consumer("spared", clock=0.0),
     )
+    assert evaluate(Snapshot(299.0, (q,)), {}, POLICIES) == []  # not over its timeout yet
     actions = evaluate(Snapshot(301.0, (q,)), {}, POLICIES)
-    assert [type(a) for a in actions] == [DeadLetterPoison, Spared]
-    assert actions[0].consumer_tag == "holder" and isolated_tags(actions) == []
+    assert [type(a) for a in actions] == [Spared, CountTimeout]
+    count = actions[1]
+    assert (count.consumer_tag, count.connection_id, count.policy) == (
+        "spared",
+        "conn-spared",
+        "Isolation",
+    )
+    assert (count.threshold, count.configured, count.measured) == ("ackTimeout", 300.0, 301.0)
+
+
+def test_a_spared_consumer_counts_again_once_per_ack_timeout():
+    state: dict = {}
+    spared = [consumer("isolated", unacked=0, clock=None, isolated=True)]
+    q = queue(*spared, consumer("s", clock=0.0, timed_out=301.0))
+    # counted at 301: not again before 601
+    assert not [
+        a for a in evaluate(Snapshot(600.0, (q,)), state, POLICIES) if isinstance(a, CountTimeout)
+    ]
+    [again] = [
+        a for a in evaluate(Snapshot(601.0, (q,)), state, POLICIES) if isinstance(a, CountTimeout)
+    ]
+    assert again.consumer_tag == "s"
+
+
+def test_one_consumer_alone_is_never_isolated_but_its_timeouts_count():
+    # floor(0.6 x 1) = 0: the only consumer is spared, and its delivery's timeouts count, so a
+    # message that hangs it is dead-lettered after poisonDeliveries timeouts
+    q = queue(consumer("only", clock=0.0))
+    actions = evaluate(Snapshot(301.0, (q,)), {}, POLICIES)
+    assert isolated_tags(actions) == []
+    assert [type(a) for a in actions] == [Spared, CountTimeout]
+
+
+def test_an_isolated_consumer_counts_through_its_isolation_not_a_separate_action():
+    q = queue(consumer("a", clock=0.0), consumer("b", clock=250.0), consumer("c", clock=250.0))
+    actions = evaluate(Snapshot(301.0, (q,)), {}, POLICIES)
+    assert [type(a) for a in actions] == [IsolateConsumer]
+    assert actions[0].configured == 300.0  # the core counts the timeout when it isolates

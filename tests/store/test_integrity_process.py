@@ -29,9 +29,9 @@ def _big_store(store: Path, n: int) -> None:
     props = P.encode({"delivery_mode": 2})
     now = time.time()
     with db:
-        db.execute("INSERT INTO queues VALUES (1, '/', 'big', 0, ?, 'shared')", (S._table({}),))
+        db.execute("INSERT INTO queues VALUES (1, '/', 'big', 0, ?, 'shared', 0)", (S._table({}),))
         db.executemany(
-            "INSERT INTO messages VALUES (?, 1, ?, '', 'big', ?, ?, ?, ?, 0, 0, NULL)",
+            "INSERT INTO messages VALUES (?, 1, ?, '', 'big', ?, ?, ?, ?, 0, 0, NULL, 0)",
             ((i, i, props, b"x" * 64, now, now) for i in range(1, n + 1)),
         )
     db.close()

@@ -588,23 +588,81 @@ def test_older_layout_is_migrated_or_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = tmp_path / "store"
-    SQLiteStore(store).close()  # written as layout 1
-    monkeypatch.setattr(S, "SCHEMA_VERSION", 2)
+    SQLiteStore(store).close()  # written as the current layout
+    current = S.SCHEMA_VERSION
+    monkeypatch.setattr(S, "SCHEMA_VERSION", current + 1)
     with pytest.raises(StoreError, match="cannot migrate"):
         SQLiteStore(store)
     ran = []
     monkeypatch.setitem(
         S.MIGRATIONS,
-        1,
+        current,
         lambda db: ran.append(db.execute("ALTER TABLE queues ADD COLUMN extra TEXT")),
     )
     SQLiteStore(store).close()
     assert len(ran) == 1
     db = sqlite3.connect(str(store / S.DB_NAME))
-    assert db.execute("PRAGMA user_version").fetchone() == (2,)
+    assert db.execute("PRAGMA user_version").fetchone() == (current + 1,)
     db.close()
     SQLiteStore(store).close()  # already migrated: nothing to do
     assert len(ran) == 1
+
+
+#: layout 1, as the first releases wrote it (no timed-out counts, no dead-letter marks)
+_LAYOUT_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE exchanges (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL, auto_delete INTEGER NOT NULL,
+    internal INTEGER NOT NULL, arguments BLOB NOT NULL, PRIMARY KEY (vhost, name));
+CREATE TABLE queues (
+    qid INTEGER PRIMARY KEY, vhost TEXT NOT NULL, name TEXT NOT NULL,
+    auto_delete INTEGER NOT NULL, arguments BLOB NOT NULL, subscription TEXT NOT NULL,
+    UNIQUE (vhost, name));
+CREATE TABLE bindings (
+    vhost TEXT NOT NULL, source TEXT NOT NULL, dest_kind TEXT NOT NULL, dest TEXT NOT NULL,
+    routing_key TEXT NOT NULL, args_key TEXT NOT NULL, arguments BLOB NOT NULL,
+    PRIMARY KEY (vhost, source, dest_kind, dest, routing_key, args_key));
+CREATE TABLE messages (
+    seq INTEGER PRIMARY KEY, qid INTEGER NOT NULL, mid INTEGER NOT NULL,
+    exchange TEXT NOT NULL, routing_key TEXT NOT NULL, properties BLOB NOT NULL,
+    body BLOB NOT NULL, timestamp REAL NOT NULL, arrival REAL NOT NULL,
+    delivery_count INTEGER NOT NULL DEFAULT 0, delivered INTEGER NOT NULL DEFAULT 0,
+    due REAL);
+CREATE UNIQUE INDEX messages_by_queue ON messages (qid, mid);
+CREATE TABLE delayed (
+    mid INTEGER PRIMARY KEY, vhost TEXT NOT NULL, exchange TEXT NOT NULL,
+    routing_key TEXT NOT NULL, properties BLOB NOT NULL, body BLOB NOT NULL,
+    timestamp REAL NOT NULL, due REAL NOT NULL);
+"""
+
+
+def test_a_layout_1_store_is_migrated_with_its_messages(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    SQLiteStore(store).close()  # the directory and its marker
+    db = sqlite3.connect(str(store / S.DB_NAME), isolation_level=None)
+    for table in ("meta", "exchanges", "queues", "bindings", "messages", "delayed"):
+        db.execute(f"DROP TABLE {table}")
+    db.executescript(_LAYOUT_1)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db.execute("PRAGMA user_version=1")
+    db.execute("INSERT INTO queues VALUES (1, '/', 'q', 0, ?, 'shared')", (S._table({}),))
+    props = P.encode({"delivery_mode": 2})
+    db.execute(
+        "INSERT INTO messages VALUES (1, 1, 7, '', 'q', ?, ?, 0, 0, 2, 1, NULL)",
+        (props, b"kept"),
+    )
+    db.close()
+    s = SQLiteStore(store)
+    try:
+        topo = s.read_topology()
+        assert [(r.name, r.dead_letter_target) for r in topo.queues] == [("q", False)]
+        [rec] = list(s.read_messages())
+        assert (rec.id, rec.body, rec.delivery_count, rec.timeouts) == (7, b"kept", 2, 0)
+    finally:
+        s.close()
+    db = sqlite3.connect(str(store / S.DB_NAME))
+    assert db.execute("PRAGMA user_version").fetchone() == (S.SCHEMA_VERSION,)
+    db.close()
 
 
 def test_second_broker_on_the_same_store_is_refused(world: World) -> None:

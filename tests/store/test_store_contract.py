@@ -202,6 +202,7 @@ def test_round_trip_returns_what_was_written_if_durable_else_nothing(h: Harness)
     dx = h.exchange("dx", arguments={"alternate-exchange": "ae"})
     later = h.exchange("later", DelayedExchange, arguments={"x-delayed-type": "direct"})
     q = h.queue("q", arguments={"x-max-priority": 3}, subscription_type="failover")
+    q.dead_letter_target = True  # known as a dead-letter target: the mark is kept
     store.save_exchange("/", dx)
     store.save_exchange("/", later)
     store.save_queue(q)
@@ -214,6 +215,7 @@ def test_round_trip_returns_what_was_written_if_durable_else_nothing(h: Harness)
         store.add_message(q, m)
     store.delivered(q, counted)
     counted.delivery_count = 2
+    counted.timeouts = 1  # one hand-out of it ran past its ack timeout
     store.update_message(q, counted)
     store.hold_message(q, held, 30.0)
     waiting = h.message(b"in 10 s", routing_key="k")
@@ -233,7 +235,9 @@ def test_round_trip_returns_what_was_written_if_durable_else_nothing(h: Harness)
             "/", "later", "x-delayed-message", False, False, {"x-delayed-type": "direct"}
         ),
     )
-    assert topology.queues == (QueueRecord("/", "q", False, {"x-max-priority": 3}, "failover"),)
+    assert topology.queues == (
+        QueueRecord("/", "q", False, {"x-max-priority": 3}, "failover", True),
+    )
     assert sorted(topology.bindings, key=lambda b: b.dest) == [
         BindingRecord("/", "dx", "exchange", "later", "", {}),
         BindingRecord("/", "dx", "queue", "q", "a.b", {"x-match": "all"}),
@@ -242,7 +246,7 @@ def test_round_trip_returns_what_was_written_if_durable_else_nothing(h: Harness)
         MessageRecord(("/", "q"), plain.id, "", "q", plain.properties, b"plain", 5, wall, wall,
                       0, False, None),
         MessageRecord(("/", "q"), counted.id, "", "q", counted.properties, b"counted", 7, wall,
-                      wall, 2, True, None),
+                      wall, 2, True, None, 1),
         MessageRecord(("/", "q"), held.id, "", "q", held.properties, b"held", 4, wall, wall,
                       0, False, wall + 30.0),
     ]  # fmt: skip
