@@ -554,14 +554,15 @@ def test_a_refused_reload_prints_the_config_error_with_file_and_line(b, capsys) 
 
 POISON = (
     '<queue name="work" subscription="shared">'
-    "<isolation><ackTimeout>10s</ackTimeout><maxIsolatedRatio>0.7</maxIsolatedRatio>"
-    "<poisonDeliveries>3</poisonDeliveries></isolation></queue>"
+    "<isolation><ackTimeout>10s</ackTimeout><poisonDeliveries>3</poisonDeliveries></isolation>"
+    "</queue>"
 )
 
 
-def test_consumers_show_isolated_ones_and_the_poison_suspect(broker_factory) -> None:
-    """Three consumers that never settle the one message: the first two are isolated in turn,
-    the third holds a message two others held without settling (a poison suspect)."""
+def test_consumers_show_isolated_ones_and_the_timed_out_one_the_cap_spares(broker_factory) -> None:
+    """Three consumers that never settle the one message: the first is isolated (the default
+    cap allows one of three), the second holds it past its timeout and is spared, its delivery
+    counted as timed out (shown as how long ago)."""
     from plugbroker.clock import ManualClock
 
     clock = ManualClock()
@@ -595,8 +596,10 @@ def test_consumers_show_isolated_ones_and_the_poison_suspect(broker_factory) -> 
         time.sleep(0.02)
     got = rows()
     isolated = sorted(t for t, c in got.items() if c["isolated"])
-    [holder] = [c for t, c in got.items() if not c["isolated"]]
-    assert len(isolated) == 2 and all(got[t]["unacked"] == 0 for t in isolated)
-    assert holder["poison_suspects"] == 1 and holder["unacked"] == 1
+    [holder] = [c for t, c in got.items() if c["unacked"]]
+    assert len(isolated) == 1 and all(got[t]["unacked"] == 0 for t in isolated)
+    assert not holder["isolated"] and holder["timed_out_age_s"] == 0.0
+    idle = [c for c in got.values() if not c["isolated"] and not c["unacked"]]
+    assert len(idle) == 1 and idle[0]["timed_out_age_s"] is None
     for conn in conns:
         conn.close()

@@ -281,15 +281,13 @@ def test_unacked_cap_holds_with_unlimited_prefetch(broker_factory, workers):
     assert run_until(workers, lambda: len(w.got) == 15, timeout=1.0)  # 5 left: refilled to 10
 
 
-# ------------------------------------------------------------------------------ poison message
+# ------------------------------------------------------------------------------ bounded tries
 
-#: three consumers, each message for at most one of them at a time; two may be isolated at
-#: once (floor(0.7 x 3)), so the third holder of a poison message is its third distinct
-#: consumer; the limits are the broker's (the clients pass none)
+#: the default cap (maxIsolatedRatio 0.6), the default poisonDeliveries (3); the limits are the
+#: broker's (the clients pass none)
 POISON_CONFIG = (
     '<queue name="work" subscription="shared">'
-    "<isolation><ackTimeout>300ms</ackTimeout><checkPeriod>100ms</checkPeriod>"
-    "<maxIsolatedRatio>0.7</maxIsolatedRatio><poisonDeliveries>3</poisonDeliveries></isolation>"
+    "<isolation><ackTimeout>300ms</ackTimeout><checkPeriod>100ms</checkPeriod></isolation>"
     "<deadLetter><queue>work-dead</queue></deadLetter>"
     "</queue>"
 )
@@ -331,58 +329,59 @@ class ConfirmedPublisher:
         return n
 
 
-def test_a_poison_message_is_dead_lettered_after_three_consumers_and_they_are_released(
-    broker_factory, workers, tmp_path
+def dead_count(b, queue: str = "work-dead") -> int:
+    return b.call(
+        lambda: (
+            len(b.broker.vhosts["/"].queues[queue].held)
+            if queue in b.broker.vhosts["/"].queues
+            else 0
+        )
+    )
+
+
+@pytest.mark.parametrize("consumers", [1, 2, 3])
+def test_a_message_that_hangs_every_consumer_runs_at_most_poison_deliveries_times(
+    broker_factory, workers, tmp_path, consumers
 ):
+    """One, two or three consumers under the default cap (0.6: none, one or one of them may be
+    isolated): the message that hangs whoever takes it is handed out, and times out, at most
+    three times, then it is in the dead-letter queue with reason poison and every consumer
+    goes on consuming."""
     b = broker_factory(POISON_CONFIG, journal=True)
     bystander = ConfirmedPublisher(b.url())
-    a, c, d = (PoisonedWorker(b.url(), name, prefetch=1) for name in ("a", "c", "d"))
-    workers += [a, c, d]
+    workers += [PoisonedWorker(b.url(), f"w{i}", prefetch=1) for i in range(consumers)]
     publish(b.url(), ["poison"])
-    publish(b.url(), range(10))
-
-    def poison_holders() -> list[str]:
-        return [w.name for w in workers if any(m.payload == "poison" for m in w.got)]
-
-    def dead_count() -> int:
-        return b.call(
-            lambda: (
-                len(b.broker.vhosts["/"].queues["work-dead"].held)
-                if "work-dead" in b.broker.vhosts["/"].queues
-                else 0
-            )
-        )
-
-    deadline = time.monotonic() + 6.0
-    while time.monotonic() < deadline and not dead_count():
+    deadline = time.monotonic() + 15.0
+    while time.monotonic() < deadline and not dead_count(b):
         run_until(workers, lambda: False, timeout=0.1)
         bystander.publish()  # the bystander's confirms come back all along
-    assert dead_count() == 1
-    # each of the three consumers held it once, two were isolated for it, the third was not:
-    # the message went to the dead-letter queue instead, and the two were released
-    assert sorted(poison_holders()) == ["a", "c", "d"]
-    assert all(sum(m.payload == "poison" for m in w.got) == 1 for w in workers)
-    assert isolated(b) == []
-    # the consumers go on consuming other messages (the late ack of the poison message is
-    # accepted without a channel error)
-    for w in workers:
-        [m] = [m for m in w.got if m.payload == "poison"]
-        m.ack()
+    assert dead_count(b) == 1
+    handed = sum(m.payload == "poison" for w in workers for m in w.got)
+    assert 1 <= handed <= 3
+    assert isolated(b) == []  # those isolated for it are released
+    # the consumers go on consuming other messages while still "on" the poison message
     before = {w.name: len(w.got) for w in workers}
-    publish(b.url(), range(10, 40))
+    publish(b.url(), range(30))
     assert run_until(
         workers,
         lambda: (
             sorted(m.payload for w in workers for m in w.got if m.payload != "poison")
-            == list(range(40))
+            == list(range(30))
         ),
-        timeout=4.0,
+        timeout=6.0,
     )
     assert all(len(w.got) > before[w.name] for w in workers)
+    # their late acks of the poison message are accepted without a channel error
+    for w in workers:
+        for m in w.got:
+            if m.payload == "poison":
+                m.ack()
+    publish(b.url(), [99])
+    assert run_until(workers, lambda: any(m.payload == 99 for w in workers for m in w.got))
     assert all(w.conn.default_channel.is_open for w in workers)
     bystander.publish()
     assert bystander.close() == bystander.sent
-    # the dead letter says why
+    # the dead letter says why, and how often it timed out
     with kombu.Connection(b.url()) as conn:
         dead = conn.SimpleQueue("work-dead").get(timeout=2)
         death = dead.headers["x-death"][0]
@@ -390,23 +389,53 @@ def test_a_poison_message_is_dead_lettered_after_three_consumers_and_they_are_re
         assert dead.headers["REAL_TOPIC"] == "work" and dead.payload == "poison"
         dead.ack()
     b.stop()
-    # the journal has the dead letter with reason poison, the policy action and the releases
+    # the journal counts each timed-out hand-out, then the dead letter
     from plugbroker.plugins.journal import read_journal
 
     evs = [e for e in read_journal(tmp_path / "journal").to_pylist() if e["queue"] == "work"]
+    timed_out = [e for e in evs if e["event"] == "timed_out"]
+    assert [e["count"] for e in timed_out] == [1, 2, 3]
     [dl] = [e for e in evs if e["event"] == "dead_lettered"]
     assert dl["reason"] == "poison"
-    actions = [e for e in evs if e["event"] == "policy_action"]
-    assert [e["action"] for e in actions].count("DeadLetterPoison") == 1
-    assert [e["action"] for e in actions].count("IsolateConsumer") == 2
-    released = [e for e in evs if e["event"] == "consumer_released"]
-    assert sorted(e["reason"] for e in released) == ["poison", "poison"]
+    actions = [e["action"] for e in evs if e["event"] == "policy_action"]
+    if consumers == 1:  # never isolated (floor(0.6 x 1) = 0): every timeout counted spared
+        assert "IsolateConsumer" not in actions and actions.count("CountTimeout") == 3
 
 
-def test_a_message_that_crashes_three_consumers_is_dead_lettered_as_poison(broker_factory):
-    # the ack timeout is long: the disconnects alone make it poison, no check is involved
-    b = broker_factory(POISON_CONFIG.replace("300ms", "60s"))
+def test_a_redelivery_after_a_timeout_shows_the_count(broker_factory, workers):
+    b = broker_factory(POISON_CONFIG)
+    first = PoisonedWorker(b.url(), "first", prefetch=1)
+    workers.append(first)
+    publish(b.url(), ["poison"])
+    assert run_until([first], lambda: len(first.got) == 1)
+    assert "x-ack-timeout-count" not in first.got[0].headers
+    second = PoisonedWorker(b.url(), "second", prefetch=1)
+    workers.append(second)
+    # floor(0.6 x 2) = 1: first is isolated, its message goes to second with the count
+    assert run_until(workers, lambda: len(second.got) == 1, timeout=5.0)
+    got = second.got[0]
+    assert got.headers["x-ack-timeout-count"] == 1 and got.headers["x-delivery-count"] == 1
+
+
+def test_a_message_whose_consumers_crash_past_the_timeout_is_parked_as_poison(broker_factory):
+    """Each consumer holds the message past its ack timeout, then goes away without settling
+    it (a crash, not a stall); the check never runs (its period is an hour): the closes alone
+    count the timeouts, and without a dead-letter queue it is parked in ``work-DLQ``."""
+    b = broker_factory(
+        '<queue name="work" subscription="shared">'
+        "<isolation><ackTimeout>300ms</ackTimeout><checkPeriod>1h</checkPeriod></isolation>"
+        "</queue>"
+    )
     bystander = ConfirmedPublisher(b.url())
+
+    def overdue() -> bool:
+        def check() -> bool:
+            q = b.broker.vhosts["/"].queues["work"]
+            now = b.broker.clock.monotonic()
+            return any(c.busy_since is not None and now - c.busy_since > 0.3 for c in q.consumers)
+
+        return bool(b.call(check))
+
     for i in range(3):
         w = PoisonedWorker(b.url(), f"crash-{i}", prefetch=1)
         if i == 0:
@@ -414,13 +443,15 @@ def test_a_message_that_crashes_three_consumers_is_dead_lettered_as_poison(broke
         assert run_until([w], lambda w=w: len(w.got) == 1)
         assert w.got[0].payload == "poison"
         assert w.got[0].delivery_info["redelivered"] == (i > 0)
+        assert run_until([w], overdue)
         w.close()  # it goes away without settling it
         bystander.publish()
     with kombu.Connection(b.url()) as conn:
-        dead = conn.SimpleQueue("work-dead").get(timeout=2)
+        dead = conn.SimpleQueue("work-DLQ").get(timeout=2)
         assert dead.headers["x-death"][0]["reason"] == "poison" and dead.payload == "poison"
         dead.ack()
     assert b.call(lambda: b.broker.vhosts["/"].queues["work"].message_count) == 0
+    assert b.call(lambda: b.broker.vhosts["/"].queues["work-DLQ"].durable)
     # the next consumer is not touched by it
     w = PoisonedWorker(b.url(), "next", prefetch=1)
     publish(b.url(), range(3))
@@ -429,3 +460,15 @@ def test_a_message_that_crashes_three_consumers_is_dead_lettered_as_poison(broke
     finally:
         w.close()
     assert bystander.close() == bystander.sent == 3
+
+
+def test_consumers_that_close_before_their_timeout_count_nothing(broker_factory):
+    b = broker_factory(POISON_CONFIG.replace("300ms", "60s"))
+    for i in range(4):
+        w = PoisonedWorker(b.url(), f"restart-{i}", prefetch=1)
+        if i == 0:
+            publish(b.url(), ["poison"])
+        assert run_until([w], lambda w=w: len(w.got) == 1)
+        w.close()
+    q = b.call(lambda: [m.timeouts for m in b.broker.vhosts["/"].queues["work"].held.values()])
+    assert q == [0] and dead_count(b) == 0
