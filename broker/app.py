@@ -43,6 +43,7 @@ from plugbroker.store import MemoryStore, Store
 if TYPE_CHECKING:
     from plugbroker.config import BrokerConfig
     from plugbroker.session import Connection
+    from plugbroker.streaks import Streaks
 
 log = logging.getLogger("broker")
 
@@ -423,7 +424,13 @@ class Broker:
                 ex = q.vhost.exchanges.get(ex_name)
                 ex_type = getattr(getattr(ex, "inner", None), "type", ex_type)
             bindings.append((ex_name, ex_type, key))
-        q.policy = vc.resolve(q.name, bindings, dead_letter_target=q.vhost.is_dead_letter_target(q))
+        vh = q.vhost
+        if not q.dead_letter_target and vh.is_dead_letter_target(q):
+            # named as one by a queue argument (a dead-letter route reaches it) or a retry
+            # queue: known as one from now on, across restarts
+            q.dead_letter_target = True
+            vh.save_mark(q)
+        q.policy = vc.resolve(q.name, bindings, dead_letter_target=q.dead_letter_target)
         q.view_static = None
         limit = None
         hl = self.hooks.delivery_limit
@@ -574,9 +581,9 @@ class Broker:
         )
         return view
 
-    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
+    def apply_actions(self, actions: Sequence[Action], streaks: Streaks | None = None) -> list[str]:
         """Apply policy actions on the loop (see :mod:`plugbroker.core.actions`)."""
-        return self.api.apply_actions(actions)
+        return self.api.apply_actions(actions, streaks)
 
     # ------------------------------------------------------------------ shutdown
 

@@ -66,6 +66,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from plugbroker.policy import DEFERRED, ActionSink, SnapshotSource
 from plugbroker.registry import Job, JobSpec, PluginError, PolicyJobSpec, resolve_period
+from plugbroker.streaks import Streaks
 
 if TYPE_CHECKING:
     from plugbroker.clock import Clock
@@ -129,7 +130,17 @@ class JobContext:
     """One job's handle on the broker, kept across its runs: what a plain job receives, and
     where the pool keeps a policy job's ``state``."""
 
-    __slots__ = ("_handle", "_registry", "_stopping", "clock", "name", "period", "plugin", "state")
+    __slots__ = (
+        "_handle",
+        "_registry",
+        "_stopping",
+        "clock",
+        "name",
+        "period",
+        "plugin",
+        "state",
+        "streaks",
+    )
 
     def __init__(
         self,
@@ -148,6 +159,8 @@ class JobContext:
         self.clock: Clock = handle.clock
         #: kept across runs of this job (e.g. a rate policy's last ``acks_total`` per queue)
         self.state: dict[str, Any] = {}
+        #: its repeated spared or deferred decisions, told once (see :mod:`plugbroker.streaks`)
+        self.streaks = Streaks()
         self._handle = handle
         self._registry = registry
         self._stopping = stopping
@@ -178,11 +191,11 @@ class JobContext:
         An empty list costs nothing (no trip to the loop).
         """
         batch = list(actions)
-        if not batch:
+        if not batch and not self.streaks.open:
             return []
         self._check()
         handle = self._handle
-        outcomes: list[str] = handle.call_on_loop(handle.apply_actions, batch)
+        outcomes: list[str] = handle.call_on_loop(handle.apply_actions, batch, self.streaks)
         return outcomes
 
     def policy(self, name: str) -> NamedPolicy:
@@ -212,7 +225,7 @@ def run_policy_job(spec: PolicyJobSpec, ctx: JobContext) -> None:
     job's state and the registry's named policies, then its actions applied on the loop."""
     snapshot = ctx.snapshot(section=spec.section)
     actions = spec.policy(snapshot, ctx.state, ctx.policy)
-    if actions:
+    if actions or ctx.streaks.open:  # an empty check ends the streaks still open
         outcomes = ctx.apply(actions)
         if "deferred" in outcomes:  # the budget held some back: the job hears of it next run
             ctx.state[DEFERRED] = [a for a, o in zip(actions, outcomes) if o == "deferred"]

@@ -310,10 +310,11 @@ class SnapshotSource(Protocol):
 class ActionSink(Protocol):
     """Where actions go: the broker's core, or another broker's management API."""
 
-    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
+    def apply_actions(self, actions: Sequence[Action], streaks: Any = None) -> list[str]:
         """Apply ``actions`` in order, re-checking that each still holds; one outcome per action,
         such as ``"applied"``, ``"logged"``, ``"spared"``, ``"stale"`` (nothing left to act on)
-        or ``"failed"``."""
+        or ``"failed"``. ``streaks`` (a :class:`plugbroker.streaks.Streaks`, one per job) lets
+        the sink tell a repeated spared or deferred decision once; a sink may ignore it."""
         ...
 
 

@@ -85,12 +85,32 @@ class DeadLetterPlugin:
         """``<deadLetter>`` is this plugin's section (see :mod:`plugbroker.plugins.dead_letter_config`)."""
         dead_letter_config.add_config_elements(registry)
 
+    def _mark_if_target(self, vhost: str, queue: str) -> None:
+        """Have the core know ``queue`` as a dead-letter or retry target if this plugin's
+        configuration names it one (before its first dead letter, and across restarts)."""
+        api = self.broker
+        if api is None:
+            return
+        vc = api.config.vhosts.get(vhost)
+        why = dead_letter_config.target_role(vc, queue) if vc is not None else None
+        if why is None and (vhost, queue) in self._made:
+            why = "declared by the dead-letter plugin"
+        if why is not None:
+            api.mark_dead_letter_target(vhost, queue, why)
+
     @hookimpl(trylast=True)
     def broker_startup(self, broker: BrokerAPI) -> None:
         self.broker = broker
         pending, self._pending = self._pending, []
         for vhost, queue, durable in pending:
             self._retry_queue_for(vhost, queue, durable)
+        for q in broker.queues():
+            self._mark_if_target(q.vhost, q.name)
+
+    @hookimpl(trylast=True)
+    def broker_config_reloaded(self, broker: BrokerAPI, config: Any) -> None:
+        for q in broker.queues():
+            self._mark_if_target(q.vhost, q.name)
 
     @hookimpl(trylast=True)
     def broker_queue_declared(
@@ -102,6 +122,7 @@ class DeadLetterPlugin:
         if self.broker is None:  # configured queues are declared before startup
             self._pending.append((vhost, queue, durable))
             return
+        self._mark_if_target(vhost, queue)
         self._retry_queue_for(vhost, queue, durable)
 
     @hookimpl(trylast=True)

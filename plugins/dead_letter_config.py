@@ -10,8 +10,9 @@ retry contract's (:mod:`plugbroker.retry`), shared with the kombu helper.
 
 from __future__ import annotations
 
+import re
 import string
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from math import log
 from types import MappingProxyType
@@ -34,6 +35,7 @@ __all__ = [
     "parse_backoff",
     "parse_dead_letter",
     "parse_retry",
+    "target_role",
 ]
 
 #: the element this plugin reads; its hooks find it as the queue's ``policy["deadLetter"]``
@@ -336,3 +338,65 @@ def parse_backoff(el: Any, ctx: ParseContext) -> BackoffConfig:
 def add_config_elements(registry: ConfigElementRegistry) -> None:
     """Register ``<deadLetter>`` (what the plugin's ``broker_add_config_elements`` does)."""
     registry.register(SECTION, parse_dead_letter)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which queues the configuration names as dead-letter or retry targets
+# ---------------------------------------------------------------------------------------------
+
+
+def _template_regex(template: str, vhost: str) -> re.Pattern[str]:
+    """A regular expression matching the names ``template`` makes, capturing ``{queue}``."""
+    out = []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        out.append(re.escape(literal))
+        if name == "queue":
+            out.append("(?P<queue>.+)" if "(?P<queue>" not in "".join(out) else "(?P=queue)")
+        elif name == "exchange":
+            out.append(".+")
+        elif name == "vhost":
+            out.append(re.escape(vhost))
+    return re.compile("".join(out), re.DOTALL)
+
+
+def _sections(vc: Any) -> Iterator[tuple[str | None, DeadLetterConfig]]:
+    """Every ``<deadLetter>`` of a vhost's configuration, with the queue it is for (None: the
+    vhost's default, or a ``<topic>``'s, which may apply to any queue)."""
+    for qc in vc.queues.values():
+        cfg = qc.sections.get(SECTION)
+        if isinstance(cfg, DeadLetterConfig):
+            yield qc.name, cfg
+    for t in vc.topics:
+        cfg = t.sections.get(SECTION)
+        if isinstance(cfg, DeadLetterConfig):
+            yield None, cfg
+    cfg = vc.defaults.get(SECTION)
+    if isinstance(cfg, DeadLetterConfig):
+        yield None, cfg
+
+
+def target_role(vc: Any, queue: str) -> str | None:
+    """Why the configuration of one vhost (``vc``, a ``VhostConfig``) names ``queue`` as a
+    dead-letter or retry target, or None if it does not: the ``<queue>`` of a
+    ``<deadLetter>``, a name its ``<queueTemplate>`` (``{queue}-DLQ`` by default) makes, the
+    ``<queue>`` of a ``<retry>`` or its ``{queue}-RETRY``. A section for one queue names only
+    that queue's targets; a vhost's or a topic's default may apply to any queue, so any name
+    its template makes counts. O(sections)."""
+    for origin, cfg in _sections(vc):
+        if cfg.queue is not None:
+            if queue == cfg.queue and queue != origin:
+                return f"the <deadLetter><queue> of {origin or 'the vhost default'}"
+        else:
+            m = _template_regex(cfg.queue_template, vc.name).fullmatch(queue)
+            of = m.groupdict().get("queue") if m is not None else None
+            if m is not None and (of is None or (of != queue and origin in (None, of))):
+                return f"the dead-letter queue of '{of or origin or '*'}' ({cfg.queue_template})"
+        r = cfg.retry
+        if r is None:
+            continue
+        if r.queue is not None:
+            if queue == r.queue and queue != origin:
+                return f"the <retry><queue> of {origin or 'the vhost default'}"
+        elif queue.endswith("-RETRY") and origin in (None, queue[: -len("-RETRY")]):
+            return f"the retry queue of '{queue[: -len('-RETRY')]}'"
+    return None

@@ -189,10 +189,11 @@ def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> 
     if undo:
         state["undo"] = undo
     for ps in named.values():  # entries of queues that are gone (or out of scope) drop out
-        entries = ps.get("queues")
-        if entries:
-            for k in [k for k in entries if k not in rates]:
-                del entries[k]
+        for part in ("queues", "waits"):
+            entries = ps.get(part)
+            if entries:
+                for k in [k for k in entries if k not in rates]:
+                    del entries[k]
     return actions
 
 
@@ -225,6 +226,8 @@ def log_policy(trigger: Trigger) -> list[Action]:
 
 #: the steps of the Graduated policy, in order; a queue's level is how many it has taken
 STEPS: tuple[str, ...] = slow_consumer_config.GRADUATED_STEPS
+#: checks the close step waits for a consumer to come back before the queue is deleted
+DEFAULT_CLOSE_WAIT = 3
 
 
 class GraduatedPolicy:
@@ -236,7 +239,10 @@ class GraduatedPolicy:
     unlimited prefetch counts as what the consumer holds), ``cancel`` (a broker-sent
     basic.cancel to each consumer), ``close`` (every consuming or polling channel closed with
     506 ``Consuming too slow.``), ``delete`` (the queue deleted). A step with nothing to act on
-    (no consumer, every prefetch at 1 already) is passed over in the same check. Option
+    (every prefetch at 1 already, no consumer to cancel) is passed over in the same check,
+    except ``close``: with nobody to close (the cancel step left the queue without consumers)
+    it waits, one check at a time, for a consumer to come back (then 506, and ``delete`` at a
+    later check), or for option ``close-wait`` checks (default 3), then deletes. Option
     ``max-step`` caps the escalation (default ``delete``); at its cap the policy repeats the
     cap's step. A durable queue without ``delete-persistent=true`` goes no further than
     ``prefetch`` (it is not disconnected, as with ``Delete``): beyond, each check gives
@@ -259,15 +265,39 @@ class GraduatedPolicy:
         if kept:
             top = min(top, STEPS.index("prefetch") + 1)
         divisor = int(opts.get("prefetch-divisor") or 2)
+        close_wait = int(opts.get("close-wait") or DEFAULT_CLOSE_WAIT)
+        waits: dict[tuple[str, str], int] = trigger.state.setdefault("waits", {})
         fields = trigger.action_fields()
         step = min(level + 1, top)
         while True:
             name = STEPS[step - 1]
             fields["reason"] = f"{trigger.reason}; Graduated step {step} ({name})"
             actions = _graduated_step(name, q, fields, divisor)
+            if not actions and name == "close" and step < top:
+                # nobody to close (the cancel step left the queue without consumers): wait for
+                # one to come back (then 506), or for close-wait checks, then delete
+                n = waits.get(key, 0) + 1
+                if n < close_wait:
+                    waits[key] = n
+                    levels[key] = step - 1  # the next check tries the close step again
+                    fields["reason"] = (
+                        f"{trigger.reason}; Graduated step {step} (close) waits for a consumer "
+                        f"to come back ({n} of {close_wait} checks), then the queue is deleted"
+                    )
+                    return [LogOnly(**fields)]
+                waits.pop(key, None)
+                step += 1
+                fields["reason"] = (
+                    f"{trigger.reason}; Graduated step {step} (delete): no consumer came back "
+                    f"in {close_wait} checks after the cancel step"
+                )
+                actions = _graduated_step("delete", q, fields, divisor)
+                break
             if actions or step >= top:
                 break
             step += 1
+        if name != "close":
+            waits.pop(key, None)
         levels[key] = step
         if actions:
             return actions
@@ -286,6 +316,7 @@ class GraduatedPolicy:
         """One step back for a queue that is under every threshold again."""
         levels: dict[tuple[str, str], int] = state.get("queues", {})
         key = (queue.vhost, queue.name)
+        state.get("waits", {}).pop(key, None)
         level = levels.get(key, 0)
         if level <= 1:
             levels.pop(key, None)

@@ -50,7 +50,7 @@ GRADUATED_STEPS: tuple[str, ...] = ("log", "prefetch", "cancel", "close", "delet
 OPTIONS_BY_POLICY: dict[str, frozenset[str]] = {
     DELETE: frozenset({"delete-persistent"}),
     LOG: frozenset({"delete-persistent"}),
-    GRADUATED: frozenset({"delete-persistent", "prefetch-divisor", "max-step"}),
+    GRADUATED: frozenset({"delete-persistent", "prefetch-divisor", "max-step", "close-wait"}),
 }
 #: every option a built-in policy understands
 POLICY_OPTIONS: frozenset[str] = frozenset().union(*OPTIONS_BY_POLICY.values())
@@ -157,6 +157,14 @@ def parse_policy(el: Any, ctx: ParseContext) -> PolicyRef:
                     f"{', '.join(GRADUATED_STEPS)}, not {value!r}",
                 )
             return v
+        if option == "close-wait":
+            if not v.isdigit() or int(v) < 1:
+                raise ctx.error(
+                    opt,
+                    f"attribute value: option close-wait takes a whole number of checks, 1 or "
+                    f"more, not {value!r}",
+                )
+            return str(int(v))
         if option == "prefetch-divisor":
             if not v.isdigit() or int(v) < 2:
                 raise ctx.error(

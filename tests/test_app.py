@@ -100,7 +100,9 @@ def test_a_queue_reached_by_a_dead_letter_route_is_not_a_topic_subscription(vhos
     # re-resolved when the route appears: the DLQ is spared, the other subscription is not
     assert consumer_of(dlq) is None and consumer_of(other) is not None
     vh.delete_queue(src)
-    assert consumer_of(dlq) is not None  # the route went with its queue
+    # once named as a dead-letter target it stays one: the dead letters it may hold are the
+    # ones nothing else kept
+    assert consumer_of(dlq) is None and dlq.dead_letter_target
     # a route that keeps the message's own key may reach any binding of that exchange
     vh.declare_queue("src2", arguments={"x-dead-letter-exchange": "amq.topic"})
     assert consumer_of(dlq) is None and consumer_of(other) is None
@@ -126,16 +128,24 @@ def test_a_queue_that_received_a_dead_letter_is_a_target_and_by_name_still_reach
     vh.bind(vh.exchanges["amq.direct"], plain, "x", {})  # the route reaches it
     assert consumer_of(plain) is None
     vh.delete_queue(src)
-    assert consumer_of(plain).message_age == 60.0
-    # a dead letter routed to it (as the dead-letter plugin's target does) marks it for good
-    src, _ = vh.declare_queue("src", arguments={"x-dead-letter-exchange": "amq.topic"})
-    m = Message.from_publish(vh.ids.next(), "", "plain-dlq", props.encode({}), b"x", 1, 0.0, 0.0)
+    assert consumer_of(plain) is None  # named as a target once: for good
+    # a dead letter routed to one (as the dead-letter plugin's target does) marks it for good
+    late, _ = vh.declare_queue("late-dlq")
+    vh.bind(topic, late, "late-dlq", {})
+    assert consumer_of(late).message_age == 60.0
+    src, _ = vh.declare_queue(
+        "src", arguments={"x-dead-letter-exchange": "amq.topic", "x-dead-letter-routing-key": "z"}
+    )
+    assert consumer_of(late).message_age == 60.0  # the route does not reach it
+    m = Message.from_publish(vh.ids.next(), "", "late-dlq", props.encode({}), b"x", 1, 0.0, 0.0)
     vh.deliver_to_queues([src], m)
     [held] = list(src.ready)
     assert src.take_ready(held)
+    vh.bind(topic, late, "z", {})  # now it does, and a dead letter arrives
     fate.dead_letter(src, held, "expired")
     vh.delete_queue(src)
-    assert plain.dead_letter_target and consumer_of(plain) is None
+    vh.unbind(topic, late, "z", {})
+    assert late.dead_letter_target and consumer_of(late) is None
     assert consumer_of(vh.queues["named-dlq"]).message_count == 5  # <queue name> reaches it
 
 

@@ -231,7 +231,7 @@ class _Broker:
     def snapshot(self, vhost: str | None = None) -> Snapshot:
         return self._snapshot
 
-    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
+    def apply_actions(self, actions: Sequence[Action], streaks: Any = None) -> list[str]:
         self.applied.extend(actions)
         return ["applied"] * len(actions)
 

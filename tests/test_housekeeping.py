@@ -52,7 +52,7 @@ class FakeBroker:
         self.sections.append(section)
         return Snapshot(taken_at=self.clock.monotonic(), queues=self.queues)
 
-    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
+    def apply_actions(self, actions: Sequence[Action], streaks: Any = None) -> list[str]:
         self.applied.extend(actions)
         return ["applied"] * len(actions)
 

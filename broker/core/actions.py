@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from plugbroker.budget import ConsumerKey, counts
 from plugbroker.core.api import BrokerAPI, ConsumerInfo
@@ -38,6 +39,7 @@ from plugbroker.policy import (
     SetPrefetch,
     Spared,
 )
+from plugbroker.streaks import Streaks
 
 log = logging.getLogger("broker")
 policy_log = logging.getLogger("plugbroker.policy")
@@ -53,8 +55,7 @@ def _log_only(api: BrokerAPI, a: Action, what: str) -> str:
 
 
 def _spared(api: BrokerAPI, a: Action, what: str) -> str:
-    policy_log.info("%s: spared: %s", what, a.reason)
-    return "spared"
+    return "spared"  # logged by apply_actions (once per streak)
 
 
 def _close_consumer_channels(api: BrokerAPI, a: Action, what: str) -> str:
@@ -222,43 +223,86 @@ def affected(api: BrokerAPI, a: Action) -> list[ConsumerKey]:
     return [(c.connection_id, c.tag) for c in api.consumers(a.vhost, a.queue)]
 
 
-def apply_actions(api: BrokerAPI, actions: Sequence[Action]) -> list[str]:
+def _protected(api: BrokerAPI, a: Action) -> str | None:
+    """Why ``a`` must not be applied to its queue: a queue known as a dead-letter or retry
+    target is never deleted by a policy (its messages are the ones nothing else kept)."""
+    if isinstance(a, DeleteQueue):
+        q = api.queue(a.vhost, a.queue)
+        if q is not None and q.dead_letter_target:
+            return f"the queue is a dead-letter or retry target: not deleted ({a.reason})"
+    return None
+
+
+def _streak_key(a: Action, outcome: str) -> tuple[str, ...]:
+    return (
+        outcome,
+        a.policy,
+        type(a).__name__,
+        a.vhost,
+        a.queue,
+        getattr(a, "consumer_tag", ""),
+        a.threshold,
+    )
+
+
+def apply_actions(
+    api: BrokerAPI, actions: Sequence[Action], streaks: Streaks | None = None
+) -> list[str]:
     """Apply ``actions`` in order on the loop; returns each one's outcome.
 
     Each outcome is counted (for metrics) and reported to ``broker_policy_action``; then what the
     actions made ready is dispatched and written out. An action over its vhost's blast-radius
-    budget is ``deferred`` instead of applied.
+    budget is ``deferred`` instead of applied; a :class:`~plugbroker.policy.DeleteQueue` of a
+    dead-letter or retry target is ``spared``.
+
+    With ``streaks`` (the job's, kept from one check to the next), a ``spared`` or ``deferred``
+    decision that the job's previous check made too is neither logged nor reported again; when
+    a check no longer makes it, one line and one report (outcome ``spared-ended`` or
+    ``deferred-ended``) say how many checks in a row it lasted.
     """
     outcomes = []
     report = api.report_policy_action
+    if streaks is not None:
+        streaks.begin()
     for a in actions:
         handler = handler_for(type(a))
-        budget = api.budget(a.vhost) if counts(a) else None
-        if budget is not None:
+        protected = _protected(api, a)
+        budget = api.budget(a.vhost) if counts(a) and protected is None else None
+        why: str | None = None
+        if protected is not None:
+            outcome, why = "spared", protected
+        elif budget is not None:
             now = api.clock.monotonic()
             hit = affected(api, a) if api.has_queue(a.vhost, a.queue) else []
-            why = budget.check(now, hit)
-            if why is not None:
-                policy_log.info(
-                    "%s: %s deferred by the blast-radius budget of vhost '%s' (%s): %s",
-                    describe(api, a),
-                    type(a).__name__,
-                    a.vhost,
-                    why,
-                    a.reason,
+            over = budget.check(now, hit)
+            if over is not None:
+                outcome = "deferred"
+                why = (
+                    f"{type(a).__name__} deferred by the blast-radius budget of vhost "
+                    f"'{a.vhost}' ({over}): {a.reason}"
                 )
-                outcomes.append("deferred")
-                report(a, "deferred")
+        if why is None:
+            if handler is None:
+                log.error(
+                    "no handler for policy action %s from policy %r", type(a).__name__, a.policy
+                )
+                outcome = "unknown"
+            else:
+                try:
+                    outcome = handler(api, a, describe(api, a))
+                except Exception:
+                    log.exception("applying %r failed", a)
+                    outcome = "failed"
+            if outcome == "spared":
+                why = f"spared: {a.reason}"
+        if outcome in ("spared", "deferred"):
+            outcomes.append(outcome)
+            if streaks is not None and streaks.repeat(_streak_key(a, outcome), outcome, a):
+                api.count_policy_action(a, outcome)  # said when the streak began
                 continue
-        if handler is None:
-            log.error("no handler for policy action %s from policy %r", type(a).__name__, a.policy)
-            outcome = "unknown"
-        else:
-            try:
-                outcome = handler(api, a, describe(api, a))
-            except Exception:
-                log.exception("applying %r failed", a)
-                outcome = "failed"
+            policy_log.info("%s: %s", describe(api, a), why)
+            report(a, outcome)
+            continue
         if outcome == "stale":
             policy_log.debug(
                 "%s: %s not applied (stale): %s", describe(api, a), type(a).__name__, a.reason
@@ -267,6 +311,20 @@ def apply_actions(api: BrokerAPI, actions: Sequence[Action]) -> list[str]:
             budget.record(now, hit)
         outcomes.append(outcome)
         report(a, outcome)
+    if streaks is not None:
+        for s in streaks.end():
+            a = s.action
+            policy_log.info(
+                "%s: no longer %s after %d check(s) in a row: %s",
+                describe(api, a),
+                s.outcome,
+                s.count,
+                a.reason,
+            )
+            report(
+                replace(a, reason=f"{s.count} check(s) in a row: {a.reason}"),
+                f"{s.outcome}-ended",
+            )
     api.end_of_turn()
     return outcomes
 

@@ -17,6 +17,7 @@ messages (isolate, release, redrive) call it, so their hooks fire as on any othe
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -30,6 +31,8 @@ from plugbroker.domain import fate
 from plugbroker.errors import PRECONDITION_FAILED, ChannelError, name_problem
 from plugbroker.heap import CollectorStats, collector_stats
 
+log = logging.getLogger("broker")
+
 if TYPE_CHECKING:
     from plugbroker.app import Broker
     from plugbroker.budget import Budget
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
     from plugbroker.domain.queue import Consumer, Queue
     from plugbroker.policy import Action, Snapshot
     from plugbroker.session import Connection
+    from plugbroker.streaks import Streaks
 
 
 class NotFound(LookupError):
@@ -88,6 +92,8 @@ class QueueInfo:
     acked_total: int = 0
     redelivered_total: int = 0
     dead_lettered_total: int = 0
+    #: it is a dead-letter or retry target: no policy action deletes it
+    dead_letter_target: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -884,6 +890,24 @@ class BrokerAPI:
             return None
         return fate.isolate(c, self._b.clock.monotonic(), timeout)
 
+    def mark_dead_letter_target(self, vhost: str, queue: str, why: str) -> bool:
+        """Know ``queue`` as a dead-letter or retry target from now on (``why`` says who names
+        it so, for the log): no policy action deletes it, slow-consumer sections under
+        ``<virtualhost>`` and ``<topic>`` stop reaching it, and a durable queue keeps the mark
+        across restarts. False if there is no such queue."""
+        q = self._find_queue(vhost, queue)
+        if q is None:
+            return False
+        if not q.dead_letter_target:
+            q.vhost.mark_dead_letter_target(q)
+            log.info(
+                "queue '%s' in vhost '%s' is a dead-letter target (%s): no policy deletes it",
+                queue,
+                vhost,
+                why,
+            )
+        return True
+
     def count_timeout(
         self, vhost: str, queue: str, tag: str, connection_id: str = "", *, timeout: float
     ) -> tuple[int, int, bool] | None:
@@ -960,11 +984,12 @@ class BrokerAPI:
         moved, kept = fate.redrive(q, limit, reasons=wanted, reset=reset)
         return RedriveResult(moved, kept, planned)
 
-    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
-        """Apply policy actions in order (see :mod:`plugbroker.core.actions`); one outcome each."""
+    def apply_actions(self, actions: Sequence[Action], streaks: Streaks | None = None) -> list[str]:
+        """Apply policy actions in order (see :mod:`plugbroker.core.actions`); one outcome each.
+        ``streaks``: the job's repeated spared or deferred decisions, told once."""
         from plugbroker.core.actions import apply_actions
 
-        return apply_actions(self, actions)
+        return apply_actions(self, actions, streaks)
 
     def budget(self, vhost: str) -> Budget | None:
         """The blast-radius budget of ``vhost`` (``<blastRadius>``), or None when it has none."""
@@ -974,11 +999,16 @@ class BrokerAPI:
             return self._b.budgets.get(vhost, None, None)
         return self._b.budgets.get(vhost, br.max_actions_per_minute, br.max_consumers_affected)
 
-    def report_policy_action(self, action: Action, outcome: str) -> None:
-        """Count an applied action (metrics) and tell the plugins (``broker_policy_action``)."""
+    def count_policy_action(self, action: Action, outcome: str) -> None:
+        """Count an action's outcome (metrics) without telling the plugins (a repeat of a
+        decision already reported: see :mod:`plugbroker.streaks`)."""
         counts = self._b.action_counts
         key = (action.policy, outcome)
         counts[key] = counts.get(key, 0) + 1
+
+    def report_policy_action(self, action: Action, outcome: str) -> None:
+        """Count an applied action (metrics) and tell the plugins (``broker_policy_action``)."""
+        self.count_policy_action(action, outcome)
         h = self._b.hooks.policy_action
         if h is not None:
             h(action=action, outcome=outcome)
@@ -1093,6 +1123,7 @@ def _queue_info(q: Queue) -> QueueInfo:
         q.acked_total,
         q.redelivered_total,
         q.dead_lettered_total,
+        q.dead_letter_target,
     )
 
 

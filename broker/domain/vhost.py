@@ -564,10 +564,21 @@ class VirtualHost:
         return False
 
     def mark_dead_letter_target(self, q: Queue) -> None:
-        """A dead letter was routed to ``q``: it is a dead-letter target from now on."""
+        """``q`` is a dead-letter or retry target from now on (a dead letter was routed to it,
+        or something names it as one); the mark is stored with a durable queue, so it holds
+        across restarts, and its policy is resolved again (slow-consumer sections stop
+        reaching it)."""
+        if q.dead_letter_target:
+            return
         q.dead_letter_target = True
+        self.save_mark(q)
         if self.on_topology_change is not None:
             self.on_topology_change(q)
+
+    def save_mark(self, q: Queue) -> None:
+        """Store ``q``'s dead-letter-target mark (a durable queue in a durable store)."""
+        if q.durable and self.store.durable and not q.deleted:
+            self.store.save_queue(q)
 
     def _dead_letter_route(self, q: Queue, delta: int) -> None:
         """Count ``q``'s dead-letter route in or out, and re-resolve the queues it may reach."""

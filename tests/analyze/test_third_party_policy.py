@@ -178,7 +178,7 @@ class _ReplayedBroker:
         self.sections.append(section)
         return self.replayer.snapshot(section, self.at)
 
-    def apply_actions(self, actions: Sequence[Action]) -> list[str]:
+    def apply_actions(self, actions: Sequence[Action], streaks: Any = None) -> list[str]:
         self.applied.extend(actions)
         return ["applied"] * len(actions)
 

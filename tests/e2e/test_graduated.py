@@ -181,8 +181,9 @@ def test_the_budget_defers_the_third_action_and_reports_it(broker_factory, caplo
         reported = [
             r.getMessage() for r in caplog.records if "blast-radius budget" in r.getMessage()
         ]
-        assert len(reported) == 2
-        assert all("CloseConsumerChannels deferred" in line for line in reported)
+        # the same decision at the next check is a repeat: logged (and journaled) once
+        assert len(reported) == 1
+        assert "CloseConsumerChannels deferred" in reported[0]
         assert "maxActionsPerMinute 2" in reported[0]
         # nothing happened to the subscriber: its channel is open and still consuming
         try:
@@ -201,7 +202,6 @@ def test_the_budget_defers_the_third_action_and_reports_it(broker_factory, caplo
         ("LogOnly", "logged"),
         ("SetPrefetch", "applied"),
         ("CancelConsumer", "applied"),
-        ("CloseConsumerChannels", "deferred"),
         ("CloseConsumerChannels", "deferred"),
     ]
 

@@ -118,8 +118,35 @@ def test_a_step_with_nothing_to_act_on_is_passed_over_in_the_same_check() -> Non
     r.check(view(9, consumers=at_one))
     assert kinds(r.check(view(9, consumers=at_one))) == ["CancelConsumer"]
     r2 = Run()
-    r2.check(view(9))  # no consumer at all: prefetch, cancel and close have nothing to act on
+    r2.check(view(9))  # no consumer at all: prefetch and cancel have nothing to act on, and
+    # the close step waits for a consumer to come back, three checks by default, then deletes
+    assert kinds(r2.check(view(9))) == ["LogOnly"]
+    assert kinds(r2.check(view(9))) == ["LogOnly"]
     assert kinds(r2.check(view(9))) == ["DeleteQueue"]
+
+
+def test_the_close_step_waits_for_a_consumer_to_come_back_then_506_then_delete() -> None:
+    r = Run()
+    c = (consumer(prefetch=8),)
+    for _ in range(3):
+        r.check(view(9, consumers=c))  # log, prefetch, cancel
+    # the client does not subscribe again at once: the next check does not delete
+    [wait] = r.check(view(9))
+    assert isinstance(wait, LogOnly) and "waits for a consumer" in wait.reason
+    assert "1 of 3" in wait.reason
+    # it comes back: 506 at this check, the delete only at the next one
+    assert kinds(r.check(view(9, consumers=(consumer(prefetch=4),)))) == ["CloseConsumerChannels"]
+    assert kinds(r.check(view(9))) == ["DeleteQueue"]
+
+
+def test_close_wait_sets_how_long_the_close_step_waits() -> None:
+    r = Run()
+    one = cfg(**{"close-wait": "1"})
+    c = (consumer(prefetch=1),)
+    r.check(view(9, consumers=c, policy=one))  # log
+    assert kinds(r.check(view(9, consumers=c, policy=one))) == ["CancelConsumer"]
+    [delete] = r.check(view(9, policy=one))
+    assert isinstance(delete, DeleteQueue) and "no consumer came back in 1 checks" in delete.reason
 
 
 def test_one_step_back_per_healthy_check() -> None:
@@ -179,6 +206,8 @@ def test_a_durable_subscription_with_delete_persistent_goes_all_the_way() -> Non
     r = Run()
     q = view(9, durable=True, policy=cfg(**{"delete-persistent": "true"}))
     r.check(q)
+    for _ in range(2):  # nobody to close: the close step waits (three checks by default)
+        assert kinds(r.check(q)) == ["LogOnly"]
     assert kinds(r.check(q)) == ["DeleteQueue"]
 
 
@@ -209,4 +238,6 @@ def test_queues_are_escalated_separately() -> None:
     a = view(9, name="a")
     b = view(9, name="b")
     r.check(a)
-    assert kinds(r.check(a, b)) == ["DeleteQueue", "LogOnly"]
+    r.check(a)  # a: the close step waits (nobody to close)
+    [wait_a, log_b] = r.check(a, b)
+    assert "waits for a consumer" in wait_a.reason and "step 1 (log)" in log_b.reason
