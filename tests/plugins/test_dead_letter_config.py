@@ -151,3 +151,36 @@ def test_queue_names_are_checked_only_under_a_queue() -> None:
         "config/bad.xml:4: <deadLetter>: the retry queue of 'q' ('q-DLQ') must differ from the "
         "queue and its dead-letter queue"
     )
+
+
+# --------------------------------------------------------------------------- targets by name
+
+
+def _vhost(body: str):
+    from plugbroker.config import parse_config
+
+    xml = (
+        '<broker><listen host="127.0.0.1" port="0"/><users><user name="guest" password="guest" '
+        f'vhosts="/"/></users><virtualhost name="/">{body}</virtualhost></broker>'
+    )
+    return parse_config(xml, "t.xml").vhosts["/"]
+
+
+def test_the_queues_a_configuration_names_as_targets_are_known_by_name() -> None:
+    from plugbroker.plugins.dead_letter_config import target_role
+
+    vc = _vhost(
+        '<queue name="work"><deadLetter><queue>work-dead</queue>'
+        "<retry><queue>work-again</queue></retry></deadLetter></queue>"
+        '<queue name="jobs"><deadLetter><retry/></deadLetter></queue>'
+    )
+    assert "work" in (target_role(vc, "work-dead") or "")
+    assert target_role(vc, "work-again") is not None
+    assert target_role(vc, "jobs-DLQ") is not None and target_role(vc, "jobs-RETRY") is not None
+    # a section for one queue names that queue's targets only
+    for name in ("work", "jobs", "other-DLQ", "other-RETRY", "work-DLQ"):
+        assert target_role(vc, name) is None, name
+    # a vhost default applies to any queue: any name its template makes
+    vc = _vhost("<deadLetter><queueTemplate>dead.{vhost}.{queue}</queueTemplate></deadLetter>")
+    assert target_role(vc, "dead./.orders") is not None
+    assert target_role(vc, "dead.other.orders") is None and target_role(vc, "orders") is None

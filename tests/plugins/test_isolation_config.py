@@ -105,7 +105,11 @@ def test_the_plugin_brings_isolation_through_its_hook() -> None:
 )
 def test_isolation_is_accepted_where_the_queues_may_be_shared(container: str) -> None:
     section = "<isolation><ackTimeout>5m</ackTimeout></isolation>"
-    parse_config(wrap(container.format(section)))
+    cfg = parse_config(wrap(container.format(section)))
+    # and it reaches the queue: a shared queue named q, bound to amq.topic with a.b
+    pol = cfg.vhosts["/"].resolve("q", [("amq.topic", "topic", "a.b")])
+    iso = pol.get(SECTION)
+    assert iso is not None and iso.ack_timeout == 300.0 and iso.poison_deliveries == 3
 
 
 @pytest.mark.parametrize("subscription", ["key_shared", "failover"])
