@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from plugbroker.retry import DEFAULT_MAX_RECONSUME, MAX_DELAY, MIN_DELAY
+from plugbroker.subscription import EXCLUSIVE, FAILOVER
 
 if TYPE_CHECKING:
     from collections.abc import Container, Iterator, Sequence
@@ -885,7 +886,8 @@ def reconsume(
     A copy gets TDMQ's headers (``REAL_TOPIC`` the queue, ``ORIGIN_MESSAGE_ID``,
     ``RETRY_TOPIC`` the retry queue, ``RECONSUMETIMES`` one more than before) and goes to the
     queue's retry queue, which holds it for ``delay`` seconds, the delay of ``level``, or the
-    level after ``RECONSUMETIMES``, then puts it back on ``q``. Past the queue's limit
+    level after ``RECONSUMETIMES``, then puts it back on ``q``; in an ``exclusive`` or
+    ``failover`` subscription it goes back on ``q`` at once, without the delay. Past the queue's limit
     (``<maxRedeliveries>``) the copy is dead-lettered instead, reason ``delivery_limit``.
     The original is not touched: the client acks it once the broker confirmed the copy.
 
@@ -920,7 +922,7 @@ def reconsume(
         headers.pop(name, None)
     limit = q.delivery_limit if q.delivery_limit is not None else DEFAULT_MAX_RECONSUME
     dead = times > limit
-    if not dead:
+    if not dead and q.subscription_type not in (EXCLUSIVE, FAILOVER):
         if delay is not None:
             headers["x-delay"] = round(delay * 1000)
         elif level is not None:
@@ -936,6 +938,15 @@ def reconsume(
                 "dead-letter queue"
             )
         return DEAD_LETTERED, copy
+    if q.subscription_type in (EXCLUSIVE, FAILOVER):
+        # one consumer at a time: a retry is delivered at once, without the delay (as in
+        # Pulsar, whose delays need a shared subscription), straight back to the queue
+        if q.refuses(copy):
+            raise RetryRefused(f"queue '{q.name}' in vhost '{vh.name}' is full")
+        taken, _ = vh.deliver_to_queues([q], copy)
+        if not taken:
+            raise RetryRefused(f"queue '{q.name}' in vhost '{vh.name}' is full")
+        return RETRIED, copy
     if retry_q.refuses(copy):
         raise RetryRefused(f"retry queue '{retry_q.name}' in vhost '{vh.name}' is full")
     taken, _ = vh.deliver_to_queues([retry_q], copy)

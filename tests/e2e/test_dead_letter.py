@@ -452,3 +452,78 @@ def test_reconsume_later_without_write_on_amq_retry_raises_and_keeps_the_message
         m.ack()  # the consumer's channel is untouched
         bystander.publish()
     assert bystander.close() == bystander.sent == 2
+
+
+def test_dead_letters_of_a_queue_with_retry_carry_retry_topic_whatever_killed_them(
+    broker_factory,
+):
+    """A dead letter made by a nack, by a reject (both without requeue) and by a TTL expiry,
+    in a queue with a retry queue, names that retry queue in ``RETRY_TOPIC``."""
+    b = broker_factory(dl_config("<retry><levels>1h</levels></retry>"))
+    with amqp.Connection(host=f"127.0.0.1:{b.port}") as conn:
+        ch = conn.channel()
+        ch.confirm_select()
+        ch.queue_declare("work", durable=True, auto_delete=False)
+        for body in (b"nacked", b"rejected"):
+            ch.basic_publish_confirm(amqp.Message(body), "", "work")
+        import pika  # py-amqp has no basic.nack: pika sends it
+
+        params = pika.ConnectionParameters("127.0.0.1", b.port)
+        with pika.BlockingConnection(params) as pconn:
+            pch = pconn.channel()
+            method, _, _ = pch.basic_get("work")
+            pch.basic_nack(method.delivery_tag, requeue=False)
+        m = ch.basic_get("work")
+        ch.basic_reject(m.delivery_tag, requeue=False)
+        ch.basic_publish_confirm(amqp.Message(b"expired", expiration="1"), "", "work")
+        deadline = time.monotonic() + 5
+        while ch.queue_declare("work", passive=True).message_count and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.01)  # a condition: the expired message leaves at the queue's head
+        dead = {}
+        for _ in range(3):
+            d = ch.basic_get("work-DLQ", no_ack=True)
+            assert d is not None
+            dead[d.body] = d.headers
+    assert set(dead) == {b"nacked", b"rejected", b"expired"}
+    for body, h in dead.items():
+        assert h["RETRY_TOPIC"] == "work-RETRY", body
+        assert h["REAL_TOPIC"] == "work"
+    assert [dead[b]["x-death"][0]["reason"] for b in (b"nacked", b"rejected", b"expired")] == [
+        "rejected",
+        "rejected",
+        "expired",
+    ]
+
+
+@pytest.mark.parametrize("subscription", ["exclusive", "failover"])
+def test_a_retry_in_an_exclusive_or_failover_subscription_comes_back_at_once(
+    broker_factory, subscription
+):
+    """One consumer at a time: the retry's delay does not apply (the levels here are an hour)."""
+    b = broker_factory(
+        dl_config("<retry><levels>1h</levels></retry>", args=f'subscription="{subscription}"')
+    )
+    got: list[kombu.Message] = []
+    with kombu.Connection(b.url()) as conn:
+        q = declare(conn)
+        publish(conn, "again")
+
+        def handler(body: Any, m: kombu.Message) -> None:
+            got.append(m)
+            if len(got) == 1:
+                reconsume_later(m, delay=3600)
+            else:
+                m.ack()
+
+        with conn.Consumer(q, callbacks=[handler], prefetch_count=1):
+            deadline = time.monotonic() + 5
+            while len(got) < 2 and time.monotonic() < deadline:
+                try:
+                    conn.drain_events(timeout=0.05)
+                except TimeoutError:
+                    pass
+    assert [m.payload for m in got] == ["again", "again"]
+    assert got[1].headers["RECONSUMETIMES"] == 1 and "x-delay" not in got[1].headers
+    assert b.call(lambda: b.broker.vhosts["/"].queues["work-RETRY"].message_count) == 0

@@ -250,6 +250,52 @@ def test_retry_queue_hold_survives_kill9_and_keeps_its_due_time(tmp_path: Path) 
         b.kill9()
 
 
+def test_a_retry_copy_is_confirmed_only_once_the_store_has_it(tmp_path: Path) -> None:
+    """The retry request's confirm means the copy is on disk: kill -9 right after it, with no
+    other persistent write in between (a later write would flush the store and hide the
+    window). The original was never acked: it comes back too (a duplicate, never a loss)."""
+    cfg = write_config(
+        tmp_path,
+        tmp_path / "store",
+        vhost=(
+            '<queue name="work" durable="true"><deadLetter><retry><levels>1s</levels></retry>'
+            "</deadLetter></queue>"
+        ),
+    )
+    b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
+    try:
+        conn, ch = _channel(b.port)
+        ch.queue_declare("work", durable=True, auto_delete=False)
+        ch.basic_publish_confirm(amqp.Message("again", delivery_mode=2), "", "work")
+        m = ch.basic_get("work")
+        assert m is not None
+        request = amqp.Message(
+            b"",
+            application_headers={
+                "x-reconsume-channel": ch.channel_id,
+                "x-reconsume-tag": m.delivery_tag,
+            },
+        )
+        ch.basic_publish_confirm(request, "amq.retry", "")  # waits for the broker's confirm
+        b.kill9()
+        b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
+        conn, ch = _channel(b.port)
+        # the original at once (it was never acked), the copy when its second is over
+        got: list[Any] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            m = ch.basic_get("work", no_ack=True)
+            if m is None:
+                time.sleep(0.05)  # polling a condition, bounded by the deadline
+                continue
+            got.append(m)
+        times = sorted((x.headers or {}).get("RECONSUMETIMES", 0) for x in got)
+        assert [x.body for x in got] == ["again", "again"] and times == [0, 1]
+        conn.close()
+    finally:
+        b.kill9()
+
+
 def test_tx_commit_ok_means_on_disk(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, tmp_path / "store")
     b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
