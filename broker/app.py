@@ -555,6 +555,7 @@ class Broker:
                         if c.busy_since is None or not c.channel.unheard
                         else self.clock.monotonic(),
                         c.counted_at if c.counted else None,
+                        c.pardon != 0,
                     )
                     for c in cs
                 ]

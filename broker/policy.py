@@ -58,6 +58,9 @@ class ConsumerView(NamedTuple):
     #: monotonic time the delivery it works on last counted a timed-out hand-out
     #: (:class:`CountTimeout`, or its isolation); ``None`` when it has not in this hand-out
     timed_out_at: float | None = None
+    #: it is still busy with a message dead-lettered as poison (it has settled nothing since):
+    #: it gets no new delivery and is neither isolated nor counted against meanwhile
+    pardoned: bool = False
 
 
 class QueueView(NamedTuple):

@@ -80,8 +80,8 @@ def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:
     timeout = cfg.ack_timeout
     overdue = []
     for c in consumers:
-        if c.isolated or c.unacked <= 0:
-            continue
+        if c.isolated or c.pardoned or c.unacked <= 0:
+            continue  # a pardoned one is busy with a message already dead-lettered as poison
         since = stuck_since(c)
         if since is None or now - since <= timeout:
             continue

@@ -185,6 +185,7 @@ class ConsumerState:
             self.no_ack,
             self.busy_since if self.unacked > 0 else None,
             self.counted_at if self.counted else None,
+            self.pardon != 0,
         )
 
 
@@ -636,7 +637,6 @@ class Replayer:
         and the consumers isolated while working on it are released, and a ``Poison`` row says
         so."""
         if c.pardon:
-            c.counted, c.counted_at = c.pardon, now
             return False
         if c.counted == mid and c.counted_at is not None and now - c.counted_at < timeout:
             return False

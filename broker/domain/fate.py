@@ -119,8 +119,7 @@ def _settled_by(consumer: Consumer | None, now: float, how: str, msg_id: int) ->
     consumer.unacked = n
     consumer.last_ack = now
     if consumer.pardon:
-        consumer.pardon = 0  # it settled something: it is past the poison message
-        consumer.counted = 0
+        _end_pardon(consumer)
     if consumer.counted == msg_id:
         consumer.counted = 0  # the hand-out that timed out is over
         consumer.counted_at = None
@@ -285,8 +284,10 @@ def late_settle(
     nothing more: the message was requeued already.
     """
     consumer.last_ack = now
-    if consumer.pardon or consumer.counted == msg.id:
-        consumer.pardon = consumer.counted = 0
+    if consumer.pardon:
+        _end_pardon(consumer)
+    if consumer.counted == msg.id:
+        consumer.counted = 0
         consumer.counted_at = None
     restart_clock(consumer, now)
     if consumer.isolated:
@@ -1236,8 +1237,8 @@ def isolate(consumer: Consumer, now: float, timeout: float | None = None) -> int
     A later ack for a moved message is accepted (see :func:`late_settle`). Calls
     ``broker_consumer_isolated``. Returns how many messages moved.
     """
-    if consumer.isolated:
-        return 0
+    if consumer.isolated or consumer.pardon:
+        return 0  # a pardoned consumer is busy with a message that left as poison
     q = consumer.queue
     working = working_delivery(consumer, now)
     if timeout is not None and working is not None:
@@ -1326,6 +1327,16 @@ def working_delivery(consumer: Consumer, now: float) -> Message | None:
     return None
 
 
+def _end_pardon(consumer: Consumer) -> None:
+    """``consumer`` settled something: it is past the poison message, deliveries resume."""
+    consumer.pardon = 0
+    consumer.counted = 0
+    consumer.counted_at = None
+    q = consumer.queue
+    if not q.deleted:
+        q.vhost.mark_dirty(q)
+
+
 def count_timeout(
     consumer: Consumer, now: float, timeout: float, working: Message | None = None
 ) -> Message | None:
@@ -1337,11 +1348,7 @@ def count_timeout(
     hand-out counted less than ``timeout`` ago, or it is still busy with a message already
     dead-lettered as poison (:attr:`~plugbroker.domain.queue.Consumer.pardon`)."""
     if consumer.pardon:
-        # busy with a message that left as poison: nothing it holds is to blame (the check
-        # looks again a timeout later)
-        consumer.counted = consumer.pardon
-        consumer.counted_at = now
-        return None
+        return None  # busy with a message that left as poison: nothing it holds is to blame
     q = consumer.queue
     m = working if working is not None else working_delivery(consumer, now)
     if m is None or q.deleted:
@@ -1396,8 +1403,10 @@ def expel_poison(q: Queue, msg: Message, holder: Consumer | None, now: float) ->
 
     ``holder`` (if it still holds it) loses it as on isolation, so its late ack is accepted,
     its ack clock restarts and it is pardoned. The consumers isolated while working on it are
-    released, pardoned too: they may still be running it, and what they are handed meanwhile
-    is not to blame for their silence.
+    released, pardoned too. A pardoned consumer may still be running the message: until it
+    settles something (its late ack of it, say) it gets no new delivery, is not isolated again
+    and its timeouts count against nothing, so no other message is handed to a worker that
+    cannot start it, nor run twice because it was moved from one.
     """
     if holder is not None and holder.channel.take_unacked(holder, (msg.id,)):
         holder.unacked = max(holder.unacked - 1, 0)

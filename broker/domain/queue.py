@@ -144,11 +144,12 @@ class Consumer:
         #: message is dead-lettered as poison, this consumer is released
         self.isolated_for = 0
         #: the id of a message dead-lettered as poison while this consumer was still working
-        #: on it (0: none): until it settles anything, its timeouts count against no message
+        #: on it (0: none): until it settles anything (its late ack of that message, say) it
+        #: gets no new delivery, is not isolated and its timeouts count against no message
         self.pardon = 0
 
     def can_take(self) -> bool:
-        if self.isolated:
+        if self.isolated or self.pardon:
             return False
         n = self.unacked
         if self.prefetch and n >= self.prefetch:

@@ -727,14 +727,16 @@ def test_one_consumer_alone_gets_its_message_dead_lettered_after_three_timeouts(
     assert fate.count_timeout(c, clock.monotonic(), TIMEOUT) is m and fate.is_poison(q, m)
     fate.expel_poison(q, m, c, clock.monotonic())
     assert death_reasons(dlq) == ["poison"] and c.unacked == 0
-    # still busy with it: a new delivery's timeouts count against nothing until it settles
+    # still busy with it: it gets nothing new until it settles something, so no other message
+    # waits behind the poison one in its prefetch, nor runs twice because it was moved
     [n] = put(vh, q, b"next")
     q.dispatch()
-    assert c.unacked == 1 and c.pardon == m.id
-    clock.advance(TIMEOUT + 1)
-    assert fate.count_timeout(c, clock.monotonic(), TIMEOUT) is None and n.timeouts == 0
-    late_ack(ch, clock)  # it finished the poison message
+    assert c.unacked == 0 and c.pardon == m.id and n.id in q.held
+    assert fate.isolate(c, clock.monotonic(), TIMEOUT) == 0 and not c.isolated
+    late_ack(ch, clock)  # it finished the poison message: its late ack is accepted
     assert c.pardon == 0
+    q.dispatch()
+    assert c.unacked == 1
     clock.advance(TIMEOUT + 1)
     assert fate.count_timeout(c, clock.monotonic(), TIMEOUT) is n and n.timeouts == 1
 
@@ -771,6 +773,7 @@ def test_isolation_of_a_consumer_whose_message_turns_poison_is_not_done(vh, hook
     clock.advance(TIMEOUT + 1)
     assert fate.isolate(a, clock.monotonic(), TIMEOUT) == 0
     assert not a.isolated and a.pardon == m.id and a.unacked == 1  # keeps what it had not started
+    assert fate.count_timeout(a, clock.monotonic() + 60, TIMEOUT) is None  # pardoned
     assert death_reasons(dlq) == ["poison"] and other.timeouts == 0
     assert hooks.named("consumer_isolated") == []
 

@@ -44,6 +44,14 @@ def job(self, n, seconds):
     line = f"{{n}} {{os.getpid()}} {{int(redelivered)}}\\n"
     with open({log!r}, "a") as f:
         f.write(line)
+
+
+@app.task
+def hang(n, seconds):
+    # a task longer than the ack timeout: says when it starts, then works
+    with open({starts!r}, "a") as f:
+        f.write(f"{{n}} {{os.getpid()}}\\n")
+    time.sleep(seconds)
 """
 
 
@@ -64,7 +72,11 @@ class Celery:
         self.tmp = tmp
         self.log = tmp / "runs.log"
         self.log.write_text("")
-        (tmp / "isotasks.py").write_text(TASKS.format(url=b.url(), log=str(self.log)))
+        self.starts = tmp / "starts.log"
+        self.starts.write_text("")
+        (tmp / "isotasks.py").write_text(
+            TASKS.format(url=b.url(), log=str(self.log), starts=str(self.starts))
+        )
         self.workers: list[subprocess.Popen] = []
         self.iso = Isolations()
         b.call(lambda: b.broker.api.register_plugin(self.iso, "celery-isolations"))
@@ -198,3 +210,57 @@ def test_a_stopped_worker_is_isolated_and_its_tasks_run_on_another(celery):
     assert {pid for _, pid, _ in runs} == {celery.workers[1].pid}
     assert len(celery.iso.isolated) == 1
     assert any(red for _, _, red in runs)  # what it held came back redelivered
+
+
+def queue_depth(b: Any, name: str) -> int:
+    return int(
+        b.call(
+            lambda: (
+                q.message_count if (q := b.broker.vhosts["/"].queues.get(name)) is not None else 0
+            )
+        )
+    )
+
+
+@pytest.mark.ack_timeout_ms(2000)
+def test_a_task_longer_than_its_ack_timeout_runs_at_most_three_times_without_touch(celery):
+    """The misconfiguration: a 20 s acks_late task, an ack timeout of 2 s, no touch. The two
+    workers do not isolate each other for ever: each timed-out hand-out counts on the message,
+    and at the third it is parked in ``celery-DLQ`` with reason poison; both workers then
+    take new tasks."""
+    celery.start_worker("w1")
+    celery.start_worker("w2")
+    celery.wait_consumers(2)
+    celery.mod.hang.delay(0, 20.0)
+    deadline = time.monotonic() + 40
+    while queue_depth(celery.b, "celery-DLQ") == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling a condition, bounded by the deadline
+    assert queue_depth(celery.b, "celery-DLQ") == 1
+    starts = [line.split() for line in celery.starts.read_text().splitlines()]
+    assert 1 <= len(starts) <= 3  # at most poisonDeliveries runs
+    # the dead letter says why
+    import kombu
+
+    with kombu.Connection(celery.b.url()) as conn:
+        dead = conn.SimpleQueue("celery-DLQ").get(timeout=5)
+        assert dead.headers["x-death"][0]["reason"] == "poison"
+        assert dead.headers["x-death"][0]["queue"] == "celery"
+        dead.ack()
+    # both workers take new tasks once they are through the long one (their late acks of it
+    # are accepted: no channel error); until then nothing new is handed to them
+
+    def through() -> bool:
+        q = celery.b.broker.vhosts["/"].queues["celery"]
+        return len(q.consumers) == 2 and not any(c.pardon or c.isolated for c in q.consumers)
+
+    deadline = time.monotonic() + 60
+    while not celery.b.call(through) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling a condition, bounded by the deadline
+    assert celery.b.call(through)
+    for n in range(1, 7):
+        celery.mod.job.delay(n, 0.0)
+    runs = celery.wait_runs(6, timeout=60)
+    assert sorted(n for n, _, _ in runs) == list(range(1, 7))
+    assert {pid for _, pid, _ in runs} == {w.pid for w in celery.workers}
+    assert queue_depth(celery.b, "celery") == 0
+    assert len([line for line in celery.starts.read_text().splitlines()]) == len(starts)
