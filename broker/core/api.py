@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from plugbroker.budget import Budget
     from plugbroker.clock import Clock
     from plugbroker.config import BrokerConfig
+    from plugbroker.config.users import Permission
     from plugbroker.domain.message import Message
     from plugbroker.domain.queue import Consumer, Queue
     from plugbroker.policy import Action, Snapshot
@@ -329,6 +330,9 @@ class RedriveResult:
     #: messages still to move by a paced redrive
     pending: int = 0
     dry_run: bool = False
+    #: messages kept (and counted in ``kept``) because the asker may not write the queue
+    #: they came from, by that queue
+    refused: Mapping[str, int] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------- the API
@@ -763,6 +767,7 @@ class BrokerAPI:
         reasons: Iterable[str] | None = None,
         reset: bool = True,
         dry_run: bool = False,
+        allowed: Callable[[str], bool] | None = None,
     ) -> RedriveResult:
         """:meth:`redrive` without a rate, for a dead-letter queue that may hold millions: the
         messages ready when it starts are looked at a step per loop turn
@@ -777,10 +782,16 @@ class BrokerAPI:
             reasons=frozenset(reasons) if reasons else None,
             reset=reset,
             dry_run=dry_run,
+            allowed=allowed,
         )
         await self._in_steps(run.steps())
         moved = {} if dry_run else dict(run.moved)
-        return RedriveResult(moved, run.kept, dict(run.planned), 0, dry_run)
+        return RedriveResult(moved, run.kept, dict(run.planned), 0, dry_run, dict(run.refused))
+
+    def user_permission(self, user: str, vhost: str) -> Permission | None:
+        """``user``'s compiled configure/write/read patterns on ``vhost`` (None: no access),
+        for a door that checks them as the session does (:mod:`plugbroker.authz`)."""
+        return self._b.user_permission(user, vhost)
 
     async def _in_steps(self, steps: Iterator[None]) -> None:
         """Run ``steps`` one per loop turn in a task of its own, so that a cancelled caller
@@ -827,6 +838,7 @@ class BrokerAPI:
         if conn is None or conn.vhost is None:
             return False
         conn.set_permission(self._b.user_permission(conn.user, conn.vhost.name))
+        conn.impersonator = self._b.user_tags(conn.user).impersonator
         return True
 
     def queue_channels(self, vhost: str, queue: str) -> list[tuple[str, int]]:
@@ -904,6 +916,7 @@ class BrokerAPI:
         reset: bool = True,
         dry_run: bool = False,
         rate: float | None = None,
+        allowed: Callable[[str], bool] | None = None,
     ) -> RedriveResult:
         """Move the ready messages of a dead-letter queue back to the queue each came from
         (``REAL_TOPIC``, else its last ``x-death`` queue), as new messages. Messages whose
@@ -916,28 +929,33 @@ class BrokerAPI:
         :param dry_run: only say what would move.
         :param rate: messages per second: the first batch moves now, the rest on the broker's
             timers (``pending`` says how many are left).
+        :param allowed: whether the asker may write a queue (by name): a dead letter whose
+            origin it may not write stays (``refused``); None: every origin may be written.
         :raises NotFound: no such queue.
         :raises ValueError: a rate that is not positive.
         """
         q = self._queue(vhost, queue)
         wanted = frozenset(reasons) if reasons else None
-        plan = fate.plan_redrive(q, limit=limit, reasons=wanted)
+        plan = fate.plan_redrive(q, limit=limit, reasons=wanted, allowed=allowed)
         planned: dict[str, int] = {}
         for _m, target in plan.moves:
             planned[target.name] = planned.get(target.name, 0) + 1
         kept = plan.kept + plan.skipped
+        refused = dict(plan.refused)
         if dry_run:
-            return RedriveResult({}, kept, planned, 0, True)
+            return RedriveResult({}, kept, planned, 0, True, refused)
         if rate is not None:
             paced = fate.PacedRedrive(
-                q, rate=rate, limit=len(plan.moves), reasons=wanted, reset=reset
+                q, rate=rate, limit=len(plan.moves), reasons=wanted, reset=reset, allowed=allowed
             )
             if plan.moves:
                 paced.start()
             done = sum(paced.moved.values()) + paced.kept
-            return RedriveResult(dict(paced.moved), kept, planned, len(plan.moves) - done)
-        moved, kept = fate.redrive(q, limit, reasons=wanted, reset=reset)
-        return RedriveResult(moved, kept, planned)
+            return RedriveResult(
+                dict(paced.moved), kept, planned, len(plan.moves) - done, refused=refused
+            )
+        moved, kept = fate.redrive(q, limit, reasons=wanted, reset=reset, allowed=allowed)
+        return RedriveResult(moved, kept, planned, refused=refused)
 
     def apply_actions(self, actions: Sequence[Action]) -> list[str]:
         """Apply policy actions in order (see :mod:`plugbroker.core.actions`); one outcome each."""
