@@ -21,11 +21,10 @@ What keeps one client from hurting the others (:class:`HttpLimits`):
 
 Every answer the API gives is JSON (``{"error": ...}`` for errors), except ``/metrics``.
 
-Who may do what is decided by the user's management tags, as in RabbitMQ's management API
-(:data:`ENDPOINTS`, :class:`Principal`): ``administrator`` everything; ``monitoring`` reads
-everything; ``management`` (and ``policymaker``) reads and acts in the vhosts it has permissions
-on; a user with none of these tags has no admin API. A refusal is RabbitMQ's
-``401 {"error": "not_authorized", "reason": ...}``.
+Who may do what is decided as in RabbitMQ's management API (:mod:`plugbroker.admin_access`):
+the user's management tags open an endpoint, and an endpoint that acts on a queue checks the
+user's configure/write/read patterns on it as an AMQP channel would (:mod:`plugbroker.authz`).
+A refusal is RabbitMQ's ``401 {"error": "not_authorized", "reason": ...}``.
 """
 
 from __future__ import annotations
@@ -51,47 +50,15 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_protocol import RequestHandler
 
+from plugbroker import authz
 from plugbroker.admin import Admin, AdminError, Reloader
-from plugbroker.core.api import BrokerAPI, UserInfo
+from plugbroker.admin_access import ENDPOINTS, Principal
+from plugbroker.core.api import BrokerAPI
 from plugbroker.tls import TLSAcceptor
 
 log = logging.getLogger("plugbroker.admin")
 
-__all__ = ["ENDPOINTS", "AdminServer", "HttpLimits", "Principal"]
-
-#: tags that open the admin API at all (RabbitMQ: administrator and monitoring include
-#: management; policymaker too)
-MANAGEMENT_TAGS: frozenset[str] = frozenset(
-    {"administrator", "monitoring", "policymaker", "management"}
-)
-
-#: what each endpoint needs (documented in docs/admin.md, checked by the tag matrix test):
-#: ``management``: any management tag, answers filtered to the user's vhosts unless it is
-#: administrator or monitoring; ``vhost``: any management tag and permissions on the vhost in
-#: the path (administrator: any vhost); ``monitoring``: monitoring or administrator;
-#: ``administrator``: administrator only
-ENDPOINTS: dict[tuple[str, str], str] = {
-    ("GET", "/api/overview"): "management",
-    ("GET", "/api/queues"): "management",
-    ("GET", "/api/consumers"): "management",
-    ("GET", "/api/blocklist"): "management",
-    ("GET", "/api/connections"): "management",
-    ("GET", "/api/dead-letters"): "management",
-    ("GET", "/api/queues/{vhost}/{queue}/messages"): "vhost",
-    ("PUT", "/api/queues/{vhost}/{queue}"): "vhost",
-    ("POST", "/api/queues/{vhost}/{queue}/redrive"): "vhost",
-    ("POST", "/api/queues/{vhost}/{queue}/purge"): "vhost",
-    ("POST", "/api/queues/{vhost}/{queue}/delete"): "vhost",
-    ("POST", "/api/connections/{id}/close"): "connection",
-    ("POST", "/api/consumers/{vhost}/{queue}/{tag}/cancel"): "vhost",
-    ("POST", "/api/consumers/{vhost}/{queue}/{tag}/release"): "vhost",
-    ("GET", "/api/whoami"): "management",
-    ("GET", "/api/history"): "management",
-    ("GET", "/api/policy-actions"): "management",
-    ("GET", "/api/config"): "administrator",
-    ("POST", "/api/reload"): "administrator",
-    ("GET", "/metrics"): "monitoring",
-}
+__all__ = ["ENDPOINTS", "AdminServer", "HttpLimits", "Principal"]  # (re-exported)
 
 #: the web UI's files (package data in broker/admin_ui), served without a login: the page asks
 #: for one and sends it with every API request
@@ -140,61 +107,6 @@ def _etag_matches(header: str | None, etag: str) -> bool:
         if tag == "*" or tag.removeprefix("W/") == etag:
             return True
     return False
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """The user behind a request: its tags and the vhosts it has permissions on."""
-
-    name: str
-    tags: frozenset[str]
-    vhosts: frozenset[str]
-
-    @classmethod
-    def of(cls, user: UserInfo) -> Principal:
-        return cls(user.name, frozenset(user.tags), frozenset(user.permissions))
-
-    @property
-    def administrator(self) -> bool:
-        return "administrator" in self.tags
-
-    @property
-    def sees_all(self) -> bool:
-        """Reads every vhost (administrator, monitoring)."""
-        return self.administrator or "monitoring" in self.tags
-
-    @property
-    def management(self) -> bool:
-        return bool(self.tags & MANAGEMENT_TAGS)
-
-    def visible(self) -> frozenset[str] | None:
-        """The vhosts whose objects the user may read; None: all of them."""
-        return None if self.sees_all else self.vhosts
-
-    def require(self, need: str, vhost: str | None = None) -> None:
-        """Refuse (401, RabbitMQ's reasons) unless the user may use an endpoint needing
-        ``need`` (a value of :data:`ENDPOINTS`)."""
-        if not self.management:
-            raise _refused("Not management user")
-        if need == "administrator" and not self.administrator:
-            raise _refused("Not administrator user")
-        if need == "monitoring" and not self.sees_all:
-            raise _refused("Not monitor user")
-        if need == "vhost" and not self.administrator and vhost not in self.vhosts:
-            raise _refused("User not authorised to access virtual host")
-
-    def require_connection(self, owner: str | None, vhost: str | None) -> None:
-        """Closing a connection: an administrator closes any; a management user only its own
-        connections (RabbitMQ's rule), in a vhost it has permissions on."""
-        self.require("management")
-        if self.administrator:
-            return
-        if owner != self.name or vhost not in self.vhosts:
-            raise _refused("Not administrator user")
-
-
-def _refused(reason: str) -> AdminError:
-    return AdminError(401, "not_authorized", reason=reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -606,7 +518,7 @@ class AdminServer:
             refusal = api.login_refusal(name, password, request.remote)
         if refusal is None:
             user = api.user(name)
-            return Principal.of(user) if user is not None else None
+            return Principal.of(user, api) if user is not None else None
         delay = api.login_failed(peer)
         log.warning(
             "admin: %s %s from %s: login refused: %s%s",
@@ -660,6 +572,7 @@ class AdminServer:
             vhost, queue = parts[2], parts[3]
             who.require(ENDPOINTS["PUT", "/api/queues/{vhost}/{queue}"], vhost)
             spec = _queue_spec(body)
+            who.authorize(vhost, authz.queue_declare(queue, spec.get("arguments")))
             created, view = admin.declare_queue(vhost, queue, by=who.name, **spec)
             return _json(201 if created else 200, {"created": created, "queue": view})
         if method == "GET":
@@ -704,13 +617,10 @@ class AdminServer:
             fn = lists.get(tuple(parts))
             if fn is not None:
                 who.require(ENDPOINTS["GET", "/" + "/".join(parts)])
-                rows = fn()
-                seen = who.visible()
-                if seen is not None:
-                    rows = [r for r in rows if r.get("vhost") in seen]
-                return _json(200, rows)
+                return _json(200, self._visible_rows(who, parts[1], fn()))
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "messages":
                 who.require(ENDPOINTS["GET", "/api/queues/{vhost}/{queue}/messages"], parts[2])
+                who.authorize(parts[2], authz.consume(parts[3]))
                 limit = _int_param(query, "limit", 20, minimum=0, maximum=10_000)
                 assert limit is not None
                 return _json(200, admin.messages(parts[2], parts[3], limit))
@@ -729,13 +639,15 @@ class AdminServer:
                 vhost, queue, verb = parts[2], parts[3], parts[4]
                 who.require(ENDPOINTS["POST", f"/api/queues/{{vhost}}/{{queue}}/{verb}"], vhost)
                 if verb == "purge":
+                    who.authorize(vhost, authz.queue_purge(queue))
                     return _json(200, await admin.purge_queue(vhost, queue, by=who.name))
+                who.authorize(vhost, authz.queue_delete(queue))
                 return _json(200, await admin.delete_queue(vhost, queue, by=who.name))
             if len(parts) == 4 and parts[:2] == ["api", "connections"] and parts[3] == "close":
                 row = admin.connection(parts[2])
                 if row is None:
                     raise AdminError(404, f"no connection '{parts[2]}'")
-                who.require_connection(row["user"], row["vhost"])
+                who.require_owner(row["user"], row["vhost"])
                 reason = query.get("reason", [""])[0]
                 return _json(200, admin.close_connection(parts[2], by=who.name, reason=reason))
             if (
@@ -748,11 +660,16 @@ class AdminServer:
                     ENDPOINTS["POST", f"/api/consumers/{{vhost}}/{{queue}}/{{tag}}/{verb}"], vhost
                 )
                 conn = query.get("connection", [""])[0]
+                who.authorize(vhost, authz.cancel(queue))
+                found = admin.consumer(vhost, queue, tag, conn)
+                owner = admin.connection(found.connection_id)
+                who.require_owner(owner["user"] if owner else None, vhost)
                 if verb == "cancel":
                     return _json(200, admin.cancel_consumer(vhost, queue, tag, conn, by=who.name))
                 return _json(200, admin.release_consumer(vhost, queue, tag, conn, by=who.name))
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "redrive":
                 who.require(ENDPOINTS["POST", "/api/queues/{vhost}/{queue}/redrive"], parts[2])
+                who.authorize(parts[2], authz.redrive_source(parts[3]))
                 most = _int_param(query, "limit", None, minimum=0)
                 reasons = [r for v in query.get("reason", []) for r in v.split(",") if r]
                 rate = _float_param(query, "rate")
@@ -766,9 +683,28 @@ class AdminServer:
                         reset=_bool_param(query, "reset", True),
                         dry_run=_bool_param(query, "dry_run", False),
                         rate=rate,
+                        by=who.name,
+                        allowed=lambda target: who.may(parts[2], authz.redrive_target(target)),
                     ),
                 )
         raise AdminError(404, f"no such endpoint: {method} /{'/'.join(parts)}")
+
+    def _visible_rows(
+        self, who: Principal, what: str, rows: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """A listing as ``who`` may see it (RabbitMQ's management rules): monitoring and
+        administrator everything; other users the objects of their vhosts and, of
+        connections and consumers, their own only."""
+        if who.sees_all:
+            return rows
+        seen = who.vhosts
+        rows = [r for r in rows if r.get("vhost") in seen]
+        if what == "connections":
+            return [r for r in rows if who.sees(r["user"])]
+        if what in ("consumers", "blocklist"):
+            mine = {c["id"] for c in self.admin.connections() if who.sees(c["user"])}
+            return [r for r in rows if r["connection"] in mine]
+        return rows
 
 
 #: what the body of ``PUT /api/queues/{vhost}/{queue}`` may hold (RabbitMQ's names)

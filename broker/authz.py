@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from plugbroker.codec import properties as props_codec
 from plugbroker.config.users import Permission
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "redrive_target",
     "refusal",
     "retry_target",
+    "user_id_refusal",
 ]
 
 CONFIGURE = "configure"
@@ -95,7 +97,7 @@ def _exchange(name: str) -> str:
 
 
 def exchange_declare(name: str, arguments: Mapping[str, Any] | None = None) -> tuple[Need, ...]:
-    needs = (Need(CONFIGURE, "exchange", name),)
+    needs: tuple[Need, ...] = (Need(CONFIGURE, "exchange", name),)
     ae = arguments.get("alternate-exchange") if arguments else None
     if isinstance(ae, str):
         needs += (Need(READ, "exchange", name), Need(WRITE, "exchange", _exchange(ae)))
@@ -107,11 +109,14 @@ def exchange_delete(name: str) -> tuple[Need, ...]:
 
 
 def exchange_bind(source: str, destination: str) -> tuple[Need, ...]:
-    return (Need(WRITE, "exchange", _exchange(destination)), Need(READ, "exchange", _exchange(source)))
+    return (
+        Need(WRITE, "exchange", _exchange(destination)),
+        Need(READ, "exchange", _exchange(source)),
+    )
 
 
 def queue_declare(name: str, arguments: Mapping[str, Any] | None = None) -> tuple[Need, ...]:
-    needs = (Need(CONFIGURE, "queue", name),)
+    needs: tuple[Need, ...] = (Need(CONFIGURE, "queue", name),)
     dlx = arguments.get("x-dead-letter-exchange") if arguments else None
     if isinstance(dlx, str):
         needs += (Need(READ, "queue", name), Need(WRITE, "exchange", _exchange(dlx)))
@@ -157,6 +162,19 @@ def redrive_target(queue: str) -> tuple[Need, ...]:
 def retry_target(queue: str) -> tuple[Need, ...]:
     """A retry copy goes to the queue's retry queue: a write of the retry queue."""
     return (Need(WRITE, "queue", queue),)
+
+
+def user_id_refusal(properties: bytes, user: str) -> str | None:
+    """Why a publish with these raw properties may not go out as ``user`` (RabbitMQ's text,
+    406 PRECONDITION_FAILED): its ``user_id`` names someone else. None: no ``user_id``, or the
+    user's own. The ``impersonator`` tag (:attr:`Tags.impersonator`) skips this check."""
+    try:
+        uid = props_codec.user_id(properties)
+    except props_codec.PropertiesError as exc:
+        return str(exc)
+    if uid is None or uid == user:
+        return None
+    return f"user_id property set to '{uid}' but authenticated user was '{user}'"
 
 
 def first_refused(permission: Permission | None, needs: tuple[Need, ...]) -> Need | None:

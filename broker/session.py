@@ -88,7 +88,6 @@ from plugbroker.codec.ids import (
     MethodId,
 )
 from plugbroker.codec.properties import USER_ID_FLAG, PropertiesError
-from plugbroker.codec.properties import user_id as props_user_id
 from plugbroker.config.users import FULL_PATTERN, Permission
 from plugbroker.domain import fate
 from plugbroker.domain.exchange import ACK_TIMEOUT_HEADER, TOUCH_TAG_HEADER, DelayedExchange
@@ -1549,9 +1548,11 @@ class Connection:
         if not self._write_all and ev.exchange not in self._may_publish:
             self.require(authz.publish(ev.exchange), BASIC_PUBLISH)
             self._may_publish.add(ev.exchange)
-        props = ev.properties
+        props = ev.properties  # user_id must be the user's (one byte test when it is absent)
         if len(props) > 1 and props[1] & USER_ID_FLAG and not self.impersonator:
-            self._check_user_id(props)
+            refusal = authz.user_id_refusal(props, self.user)
+            if refusal is not None:
+                raise ChannelError(PRECONDITION_FAILED, refusal, BASIC_PUBLISH)
         if ev.immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", BASIC_PUBLISH)
         if self.broker.alarm is not None and not self.blocked:
@@ -1575,19 +1576,6 @@ class Connection:
             return
         self.published = True
         self._route(ch, ev)
-
-    def _check_user_id(self, props: bytes) -> None:
-        """Refuse (406, RabbitMQ's text) a publish whose ``user_id`` is not the user's."""
-        try:
-            uid = props_user_id(props)
-        except PropertiesError as exc:
-            raise ChannelError(PRECONDITION_FAILED, str(exc), BASIC_PUBLISH) from None
-        if uid is not None and uid != self.user:
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                f"user_id property set to '{uid}' but authenticated user was '{self.user}'",
-                BASIC_PUBLISH,
-            )
 
     def _route(self, ch: Channel, ev: Publish) -> None:
         vh = ch.vhost
