@@ -73,13 +73,17 @@ class Principal:
     tags: frozenset[str]
     vhosts: frozenset[str]
     permission: Callable[[str], Permission | None] = lambda _vhost: None
+    vhost_exists: Callable[[str], bool] = lambda _vhost: True
 
     @classmethod
     def of(cls, user: UserInfo, api: BrokerAPI | None = None) -> Principal:
         def permission(vhost: str) -> Permission | None:
             return api.user_permission(user.name, vhost) if api is not None else None
 
-        return cls(user.name, frozenset(user.tags), frozenset(user.permissions), permission)
+        def exists(vhost: str) -> bool:
+            return api is None or vhost in api.vhosts()
+
+        return cls(user.name, frozenset(user.tags), frozenset(user.permissions), permission, exists)
 
     @property
     def rules(self) -> authz.Tags:
@@ -140,6 +144,8 @@ class Principal:
         need = authz.first_refused(perm, needs)
         if need is None:
             return
+        if perm is None and not self.vhost_exists(vhost):  # (an administrator's request)
+            raise AdminError(404, f"no vhost '{vhost}'")
         if perm is None:
             raise refused(
                 f"ACCESS_REFUSED - access to vhost '{vhost}' refused for user '{self.name}'"

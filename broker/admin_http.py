@@ -54,6 +54,7 @@ from plugbroker import authz
 from plugbroker.admin import Admin, AdminError, Reloader
 from plugbroker.admin_access import ENDPOINTS, Principal
 from plugbroker.core.api import BrokerAPI
+from plugbroker.guard import ACCEPT, TURN_AWAY, throttled_text, under_attack_text
 from plugbroker.tls import TLSAcceptor
 
 log = logging.getLogger("plugbroker.admin")
@@ -496,18 +497,17 @@ class AdminServer:
         """The user a request authenticates as (HTTP Basic; the loopback-only rule applies to
         the peer's address as for AMQP), or None: no credentials, or refused.
 
-        A refusal goes through the broker's login throttle, the one AMQP logins use, keyed by
-        the peer's address: it is answered (None, then a 401) only after the throttle's delay,
-        a timer on the broker's clock that the loop serves everything else during. While the
-        most refusals one address may have are waiting, a further attempt from it is answered
-        429 at once with ``Retry-After``, before its password is checked."""
+        The broker's login throttle judges it, by the rule AMQP logins follow
+        (:meth:`plugbroker.guard.LoginThrottle.judge`): a correct password is let in at once
+        unless that user is under attack from this address; a refusal is answered (None, then
+        a 401) after the throttle's delay, a timer on the broker's clock that the loop serves
+        everything else during; one that would wait while the most refusals one address may
+        have are waiting is answered 429 at once with ``Retry-After``."""
         header = request.headers.get("Authorization", "")
         if not header.startswith("Basic "):
             return None  # no login tried: the 401 asks for one (the browser's first request)
         api = self.api
         peer = (request.remote or "").partition("%")[0]
-        if api.login_turned_away(peer):
-            return self._turned_away(request, peer)
         refusal: str | None
         try:
             raw = base64.b64decode(header[6:], validate=True).decode()
@@ -516,25 +516,26 @@ class AdminServer:
         else:
             name, _, password = raw.partition(":")
             refusal = api.login_refusal(name, password, request.remote)
-        if refusal is None:
-            user = api.user(name)
+        verdict, delay = api.login_judge(name, peer, refusal is None)
+        if verdict == ACCEPT:
+            user = api.user(name) if refusal is None else None
             return Principal.of(user, api) if user is not None else None
-        delay = api.login_failed(peer)
+        if verdict == TURN_AWAY:
+            return self._turned_away(request, peer, name)
         log.warning(
             "admin: %s %s from %s: login refused: %s%s",
             request.method,
             request.path,
             request.remote,
-            refusal,
-            f" (answered in {delay:.2f} s: failed logins from {peer} are throttled)"
-            if delay
-            else "",
+            refusal or under_attack_text(name, peer),
+            throttled_text(verdict, delay, peer, 0),
+            extra={"user": name, "peer": request.remote},
         )
         if delay:
             await api.login_refusal_delay(peer, delay)
         return None
 
-    def _turned_away(self, request: web.BaseRequest, peer: str) -> web.Response:
+    def _turned_away(self, request: web.BaseRequest, peer: str, user: str) -> web.Response:
         n = self.api.limits().login_turned_away
         if n == 1 or n % 1000 == 0:
             log.warning(
@@ -546,7 +547,7 @@ class AdminServer:
                 peer,
                 n,
             )
-        retry = max(1, math.ceil(self.api.login_next_delay(peer)))
+        retry = max(1, math.ceil(self.api.login_next_delay(peer, user)))
         resp = _json(
             429,
             {

@@ -111,6 +111,7 @@ from plugbroker.errors import (
     ChannelError,
     ConnectionError_,
 )
+from plugbroker.guard import ACCEPT, throttled_text, under_attack_text
 from plugbroker.session_state import (
     DISCARDING,
     HANDSHAKE,
@@ -545,23 +546,6 @@ class Connection:
         broker_.connection_opened(self)
         #: a delayed login refusal counted by the login throttle (:meth:`_refuse_later`)
         self._refusal_held = False
-        throttle = broker_.login_throttle
-        if throttle.over(self.peer_host):
-            n = throttle.turned_away_total
-            if n == 1 or n % 1000 == 0:
-                log.warning(
-                    "connection %s (%s) closed at once: %d failed logins from %s are waiting "
-                    "for their answer (%d connections turned away so far)",
-                    self.id,
-                    peer,
-                    throttle.max_pending,
-                    self.peer_host,
-                    n,
-                )
-            self.close_reason = "login throttled"
-            self._advance(Trigger.DROP)
-            self._cleanup()
-            transport.close()
 
     # ================================================================ the state machine
 
@@ -962,22 +946,22 @@ class Connection:
             refusal = self.broker.external_login_refusal(user, self.peer_host)
         else:
             refusal = self.broker.login_refusal(user, password, self.peer_host)
-        if refusal is not None:
+        throttle = self.broker.login_throttle
+        verdict, delay = throttle.judge(user, self.peer_host, refusal is None)
+        if verdict != ACCEPT:
             # the client learns no more than RabbitMQ tells it; the log says why
             text = (
                 f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
                 " For details see the broker logfile."
             )
-            delay = self.broker.login_throttle.failed(self.peer_host)
             log.warning(
                 "connection %s (%s): %s login refused: %s%s",
                 self.id,
                 self.peer,
                 mechanism,
-                refusal,
-                f" (answered in {delay:.2f} s: failed logins from {self.peer_host} are throttled)"
-                if delay
-                else "",
+                refusal or under_attack_text(user, self.peer_host),
+                throttled_text(verdict, delay, self.peer_host, throttle.max_pending),
+                extra={"user": user, "peer": self.peer},
             )
             if delay:
                 self._refuse_later(delay, text)
@@ -1110,6 +1094,7 @@ class Connection:
             self.user,
             vhost_name,
             self.heartbeat,
+            extra={"user": self.user, "peer": self.peer, "vhost": vhost_name},
         )
         h = self.broker.hooks.connection_opened
         if h is not None:

@@ -426,23 +426,21 @@ class BrokerAPI:
 
     # -- login throttling (shared by every door: AMQP, the admin API) -------------------------
 
-    def login_failed(self, peer_host: str) -> float:
-        """Count a failed login from ``peer_host`` with the broker's login throttle (the one
-        AMQP logins go through); returns the seconds its answer is to be delayed (0: at once)."""
-        return self._b.login_throttle.failed(peer_host)
+    def login_judge(self, user: str, peer_host: str, ok: bool) -> tuple[str, float]:
+        """What to do with a login of ``user`` from ``peer_host`` whose credentials were right
+        (``ok``) or not, by the broker's login throttle (the rule AMQP logins follow):
+        ``("accept", 0)``, ``("refuse", delay)`` or ``("turn-away", 0)``; see
+        :meth:`plugbroker.guard.LoginThrottle.judge`. Counts a failure."""
+        return self._b.login_throttle.judge(user, peer_host, ok)
 
-    def login_turned_away(self, peer_host: str) -> bool:
-        """``peer_host`` has the most refusals waiting that one address may have: a new login
-        attempt from it is turned away before its password is checked (counted)."""
-        return self._b.login_throttle.over(peer_host)
-
-    def login_next_delay(self, peer_host: str) -> float:
-        """The delay ``peer_host``'s next failed login would get (for a ``Retry-After``)."""
-        return self._b.login_throttle.next_delay(peer_host)
+    def login_next_delay(self, peer_host: str, user: str = "") -> float:
+        """The delay the next failed login of ``user`` from ``peer_host`` would get (for a
+        ``Retry-After``)."""
+        return self._b.login_throttle.next_delay(peer_host, user)
 
     async def login_refusal_delay(self, peer_host: str, delay: float) -> None:
         """Wait ``delay`` seconds on the broker's timers (its clock) while the refusal counts
-        as pending for ``peer_host`` (see :meth:`login_turned_away`); the loop serves everything
+        as pending for ``peer_host`` (see :meth:`login_judge`); the loop serves everything
         else meanwhile. Cancelling the waiting task (the client went away) ends it early."""
         throttle = self._b.login_throttle
         timers = self._b.timers
