@@ -283,32 +283,22 @@ class Admin:
         :meth:`plugbroker.core.api.BrokerAPI.redrive` for the options. Without a rate (and for a
         dry run) the work goes a bounded step per loop turn
         (:meth:`plugbroker.core.api.BrokerAPI.redrive_in_steps`); on the loop only."""
+        opts: dict[str, Any] = {
+            "limit": limit,
+            "reasons": reasons,
+            "reset": reset,
+            "dry_run": dry_run,
+            "allowed": allowed,
+        }
         if rate is None:
             try:
-                result = await self.api.redrive_in_steps(
-                    vhost,
-                    name,
-                    limit=limit,
-                    reasons=reasons,
-                    reset=reset,
-                    dry_run=dry_run,
-                    allowed=allowed,
-                )
+                result = await self.api.redrive_in_steps(vhost, name, **opts)
             except NotFound as exc:
                 raise AdminError(404, str(exc)) from None
             return self._redrive_answer(vhost, name, result, reasons, reset, dry_run, rate, by)
 
         def run() -> dict[str, Any]:
-            result = self.api.redrive(
-                vhost,
-                name,
-                limit=limit,
-                reasons=reasons,
-                reset=reset,
-                dry_run=dry_run,
-                rate=rate,
-                allowed=allowed,
-            )
+            result = self.api.redrive(vhost, name, rate=rate, **opts)
             return self._redrive_answer(vhost, name, result, reasons, reset, dry_run, rate, by)
 
         return self.on_loop(run)

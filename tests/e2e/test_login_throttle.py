@@ -8,15 +8,12 @@ ends, so an answer that arrives at all within the client's timeout was not delay
 
 from __future__ import annotations
 
-import base64
-import json
-import socket
 from collections.abc import Callable
 
 import amqp
 import pytest
 from brokerutil import ADMIN_GUEST, BrokerThread
-from rawclient import RawClient, method_frame, plain_response
+from rawclient import RawClient, http_answer, http_from, method_frame, plain_response, raw_from
 
 from plugbroker.codec.frames import PROTOCOL_HEADER
 
@@ -34,16 +31,6 @@ LIMITS = (
 ATTACKER = "127.0.0.2"
 
 
-def raw_from(source: str, port: int) -> RawClient:
-    raw = RawClient.__new__(RawClient)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.settimeout(5)
-    sock.bind((source, 0))
-    sock.connect(("127.0.0.1", port))
-    raw.sock, raw.timeout, raw.buf, raw.frame_max, raw.eof = sock, 5.0, b"", 131072, False
-    return raw
-
-
 def start_ok(raw: RawClient, user: str, password: str) -> None:
     raw.send(PROTOCOL_HEADER)
     raw.expect("connection.start")
@@ -54,23 +41,9 @@ def start_ok(raw: RawClient, user: str, password: str) -> None:
 
 
 def http_login(source: str, port: int, user: str, password: str) -> int:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.settimeout(5)
-    sock.bind((source, 0))
-    sock.connect(("127.0.0.1", port))
-    cred = base64.b64encode(f"{user}:{password}".encode()).decode()
-    sock.sendall(
-        f"GET /api/whoami HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic {cred}\r\n"
-        "Connection: close\r\n\r\n".encode()
-    )
-    data = b""
-    while chunk := sock.recv(65536):
-        data += chunk
-    sock.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    status = int(head.split()[1])
+    status, _headers, body = http_answer(http_from(source, port, user, password))
     if status == 200:
-        assert json.loads(body)["name"] == user
+        assert body["name"] == user
     return status
 
 
