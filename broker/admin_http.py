@@ -21,11 +21,10 @@ What keeps one client from hurting the others (:class:`HttpLimits`):
 
 Every answer the API gives is JSON (``{"error": ...}`` for errors), except ``/metrics``.
 
-Who may do what is decided by the user's management tags, as in RabbitMQ's management API
-(:data:`ENDPOINTS`, :class:`Principal`): ``administrator`` everything; ``monitoring`` reads
-everything; ``management`` (and ``policymaker``) reads and acts in the vhosts it has permissions
-on; a user with none of these tags has no admin API. A refusal is RabbitMQ's
-``401 {"error": "not_authorized", "reason": ...}``.
+Who may do what is decided as in RabbitMQ's management API (:mod:`plugbroker.admin_access`):
+the user's management tags open an endpoint, and an endpoint that acts on a queue checks the
+user's configure/write/read patterns on it as an AMQP channel would (:mod:`plugbroker.authz`).
+A refusal is RabbitMQ's ``401 {"error": "not_authorized", "reason": ...}``.
 """
 
 from __future__ import annotations
@@ -51,47 +50,16 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_protocol import RequestHandler
 
+from plugbroker import authz
 from plugbroker.admin import Admin, AdminError, Reloader
-from plugbroker.core.api import BrokerAPI, UserInfo
+from plugbroker.admin_access import ENDPOINTS, Principal
+from plugbroker.core.api import BrokerAPI
+from plugbroker.guard import ACCEPT, TURN_AWAY, throttled_text, under_attack_text
 from plugbroker.tls import TLSAcceptor
 
 log = logging.getLogger("plugbroker.admin")
 
-__all__ = ["ENDPOINTS", "AdminServer", "HttpLimits", "Principal"]
-
-#: tags that open the admin API at all (RabbitMQ: administrator and monitoring include
-#: management; policymaker too)
-MANAGEMENT_TAGS: frozenset[str] = frozenset(
-    {"administrator", "monitoring", "policymaker", "management"}
-)
-
-#: what each endpoint needs (documented in docs/admin.md, checked by the tag matrix test):
-#: ``management``: any management tag, answers filtered to the user's vhosts unless it is
-#: administrator or monitoring; ``vhost``: any management tag and permissions on the vhost in
-#: the path (administrator: any vhost); ``monitoring``: monitoring or administrator;
-#: ``administrator``: administrator only
-ENDPOINTS: dict[tuple[str, str], str] = {
-    ("GET", "/api/overview"): "management",
-    ("GET", "/api/queues"): "management",
-    ("GET", "/api/consumers"): "management",
-    ("GET", "/api/blocklist"): "management",
-    ("GET", "/api/connections"): "management",
-    ("GET", "/api/dead-letters"): "management",
-    ("GET", "/api/queues/{vhost}/{queue}/messages"): "vhost",
-    ("PUT", "/api/queues/{vhost}/{queue}"): "vhost",
-    ("POST", "/api/queues/{vhost}/{queue}/redrive"): "vhost",
-    ("POST", "/api/queues/{vhost}/{queue}/purge"): "vhost",
-    ("POST", "/api/queues/{vhost}/{queue}/delete"): "vhost",
-    ("POST", "/api/connections/{id}/close"): "connection",
-    ("POST", "/api/consumers/{vhost}/{queue}/{tag}/cancel"): "vhost",
-    ("POST", "/api/consumers/{vhost}/{queue}/{tag}/release"): "vhost",
-    ("GET", "/api/whoami"): "management",
-    ("GET", "/api/history"): "management",
-    ("GET", "/api/policy-actions"): "management",
-    ("GET", "/api/config"): "administrator",
-    ("POST", "/api/reload"): "administrator",
-    ("GET", "/metrics"): "monitoring",
-}
+__all__ = ["ENDPOINTS", "AdminServer", "HttpLimits", "Principal"]  # (re-exported)
 
 #: the web UI's files (package data in broker/admin_ui), served without a login: the page asks
 #: for one and sends it with every API request
@@ -140,61 +108,6 @@ def _etag_matches(header: str | None, etag: str) -> bool:
         if tag == "*" or tag.removeprefix("W/") == etag:
             return True
     return False
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """The user behind a request: its tags and the vhosts it has permissions on."""
-
-    name: str
-    tags: frozenset[str]
-    vhosts: frozenset[str]
-
-    @classmethod
-    def of(cls, user: UserInfo) -> Principal:
-        return cls(user.name, frozenset(user.tags), frozenset(user.permissions))
-
-    @property
-    def administrator(self) -> bool:
-        return "administrator" in self.tags
-
-    @property
-    def sees_all(self) -> bool:
-        """Reads every vhost (administrator, monitoring)."""
-        return self.administrator or "monitoring" in self.tags
-
-    @property
-    def management(self) -> bool:
-        return bool(self.tags & MANAGEMENT_TAGS)
-
-    def visible(self) -> frozenset[str] | None:
-        """The vhosts whose objects the user may read; None: all of them."""
-        return None if self.sees_all else self.vhosts
-
-    def require(self, need: str, vhost: str | None = None) -> None:
-        """Refuse (401, RabbitMQ's reasons) unless the user may use an endpoint needing
-        ``need`` (a value of :data:`ENDPOINTS`)."""
-        if not self.management:
-            raise _refused("Not management user")
-        if need == "administrator" and not self.administrator:
-            raise _refused("Not administrator user")
-        if need == "monitoring" and not self.sees_all:
-            raise _refused("Not monitor user")
-        if need == "vhost" and not self.administrator and vhost not in self.vhosts:
-            raise _refused("User not authorised to access virtual host")
-
-    def require_connection(self, owner: str | None, vhost: str | None) -> None:
-        """Closing a connection: an administrator closes any; a management user only its own
-        connections (RabbitMQ's rule), in a vhost it has permissions on."""
-        self.require("management")
-        if self.administrator:
-            return
-        if owner != self.name or vhost not in self.vhosts:
-            raise _refused("Not administrator user")
-
-
-def _refused(reason: str) -> AdminError:
-    return AdminError(401, "not_authorized", reason=reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,18 +497,17 @@ class AdminServer:
         """The user a request authenticates as (HTTP Basic; the loopback-only rule applies to
         the peer's address as for AMQP), or None: no credentials, or refused.
 
-        A refusal goes through the broker's login throttle, the one AMQP logins use, keyed by
-        the peer's address: it is answered (None, then a 401) only after the throttle's delay,
-        a timer on the broker's clock that the loop serves everything else during. While the
-        most refusals one address may have are waiting, a further attempt from it is answered
-        429 at once with ``Retry-After``, before its password is checked."""
+        The broker's login throttle judges it, by the rule AMQP logins follow
+        (:meth:`plugbroker.guard.LoginThrottle.judge`): a correct password is let in at once
+        unless that user is under attack from this address; a refusal is answered (None, then
+        a 401) after the throttle's delay, a timer on the broker's clock that the loop serves
+        everything else during; one that would wait while the most refusals one address may
+        have are waiting is answered 429 at once with ``Retry-After``."""
         header = request.headers.get("Authorization", "")
         if not header.startswith("Basic "):
             return None  # no login tried: the 401 asks for one (the browser's first request)
         api = self.api
         peer = (request.remote or "").partition("%")[0]
-        if api.login_turned_away(peer):
-            return self._turned_away(request, peer)
         refusal: str | None
         try:
             raw = base64.b64decode(header[6:], validate=True).decode()
@@ -604,25 +516,26 @@ class AdminServer:
         else:
             name, _, password = raw.partition(":")
             refusal = api.login_refusal(name, password, request.remote)
-        if refusal is None:
-            user = api.user(name)
-            return Principal.of(user) if user is not None else None
-        delay = api.login_failed(peer)
+        verdict, delay = api.login_judge(name, peer, refusal is None)
+        if verdict == ACCEPT:
+            user = api.user(name) if refusal is None else None
+            return Principal.of(user, api) if user is not None else None
+        if verdict == TURN_AWAY:
+            return self._turned_away(request, peer, name)
         log.warning(
             "admin: %s %s from %s: login refused: %s%s",
             request.method,
             request.path,
             request.remote,
-            refusal,
-            f" (answered in {delay:.2f} s: failed logins from {peer} are throttled)"
-            if delay
-            else "",
+            refusal or under_attack_text(name, peer),
+            throttled_text(verdict, delay, peer, 0),
+            extra={"user": name, "peer": request.remote},
         )
         if delay:
             await api.login_refusal_delay(peer, delay)
         return None
 
-    def _turned_away(self, request: web.BaseRequest, peer: str) -> web.Response:
+    def _turned_away(self, request: web.BaseRequest, peer: str, user: str) -> web.Response:
         n = self.api.limits().login_turned_away
         if n == 1 or n % 1000 == 0:
             log.warning(
@@ -634,7 +547,7 @@ class AdminServer:
                 peer,
                 n,
             )
-        retry = max(1, math.ceil(self.api.login_next_delay(peer)))
+        retry = max(1, math.ceil(self.api.login_next_delay(peer, user)))
         resp = _json(
             429,
             {
@@ -660,6 +573,7 @@ class AdminServer:
             vhost, queue = parts[2], parts[3]
             who.require(ENDPOINTS["PUT", "/api/queues/{vhost}/{queue}"], vhost)
             spec = _queue_spec(body)
+            who.authorize(vhost, authz.queue_declare(queue, spec.get("arguments")))
             created, view = admin.declare_queue(vhost, queue, by=who.name, **spec)
             return _json(201 if created else 200, {"created": created, "queue": view})
         if method == "GET":
@@ -704,13 +618,10 @@ class AdminServer:
             fn = lists.get(tuple(parts))
             if fn is not None:
                 who.require(ENDPOINTS["GET", "/" + "/".join(parts)])
-                rows = fn()
-                seen = who.visible()
-                if seen is not None:
-                    rows = [r for r in rows if r.get("vhost") in seen]
-                return _json(200, rows)
+                return _json(200, self._visible_rows(who, parts[1], fn()))
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "messages":
                 who.require(ENDPOINTS["GET", "/api/queues/{vhost}/{queue}/messages"], parts[2])
+                who.authorize(parts[2], authz.consume(parts[3]))
                 limit = _int_param(query, "limit", 20, minimum=0, maximum=10_000)
                 assert limit is not None
                 return _json(200, admin.messages(parts[2], parts[3], limit))
@@ -729,13 +640,15 @@ class AdminServer:
                 vhost, queue, verb = parts[2], parts[3], parts[4]
                 who.require(ENDPOINTS["POST", f"/api/queues/{{vhost}}/{{queue}}/{verb}"], vhost)
                 if verb == "purge":
+                    who.authorize(vhost, authz.queue_purge(queue))
                     return _json(200, await admin.purge_queue(vhost, queue, by=who.name))
+                who.authorize(vhost, authz.queue_delete(queue))
                 return _json(200, await admin.delete_queue(vhost, queue, by=who.name))
             if len(parts) == 4 and parts[:2] == ["api", "connections"] and parts[3] == "close":
                 row = admin.connection(parts[2])
                 if row is None:
                     raise AdminError(404, f"no connection '{parts[2]}'")
-                who.require_connection(row["user"], row["vhost"])
+                who.require_owner(row["user"], row["vhost"])
                 reason = query.get("reason", [""])[0]
                 return _json(200, admin.close_connection(parts[2], by=who.name, reason=reason))
             if (
@@ -748,11 +661,16 @@ class AdminServer:
                     ENDPOINTS["POST", f"/api/consumers/{{vhost}}/{{queue}}/{{tag}}/{verb}"], vhost
                 )
                 conn = query.get("connection", [""])[0]
+                who.authorize(vhost, authz.cancel(queue))
+                found = admin.consumer(vhost, queue, tag, conn)
+                owner = admin.connection(found.connection_id)
+                who.require_owner(owner["user"] if owner else None, vhost)
                 if verb == "cancel":
                     return _json(200, admin.cancel_consumer(vhost, queue, tag, conn, by=who.name))
                 return _json(200, admin.release_consumer(vhost, queue, tag, conn, by=who.name))
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "redrive":
                 who.require(ENDPOINTS["POST", "/api/queues/{vhost}/{queue}/redrive"], parts[2])
+                who.authorize(parts[2], authz.redrive_source(parts[3]))
                 most = _int_param(query, "limit", None, minimum=0)
                 reasons = [r for v in query.get("reason", []) for r in v.split(",") if r]
                 rate = _float_param(query, "rate")
@@ -766,9 +684,28 @@ class AdminServer:
                         reset=_bool_param(query, "reset", True),
                         dry_run=_bool_param(query, "dry_run", False),
                         rate=rate,
+                        by=who.name,
+                        allowed=lambda target: who.may(parts[2], authz.redrive_target(target)),
                     ),
                 )
         raise AdminError(404, f"no such endpoint: {method} /{'/'.join(parts)}")
+
+    def _visible_rows(
+        self, who: Principal, what: str, rows: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """A listing as ``who`` may see it (RabbitMQ's management rules): monitoring and
+        administrator everything; other users the objects of their vhosts and, of
+        connections and consumers, their own only."""
+        if who.sees_all:
+            return rows
+        seen = who.vhosts
+        rows = [r for r in rows if r.get("vhost") in seen]
+        if what == "connections":
+            return [r for r in rows if who.sees(r["user"])]
+        if what in ("consumers", "blocklist"):
+            mine = {c["id"] for c in self.admin.connections() if who.sees(c["user"])}
+            return [r for r in rows if r["connection"] in mine]
+        return rows
 
 
 #: what the body of ``PUT /api/queues/{vhost}/{queue}`` may hold (RabbitMQ's names)

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from plugbroker.alarms import STORE, Alarm, ResourceMonitor, blocked_reason
+from plugbroker.authz import Tags
 from plugbroker.budget import Budgets
 from plugbroker.clock import Clock, SystemClock
 from plugbroker.codec.ids import QUEUE_DECLARE
@@ -348,6 +349,11 @@ class Broker:
         """``user``'s configure/write/read patterns on ``vhost`` (None: no access)."""
         u = self.config.users.get(user)
         return u.permission(vhost) if u is not None else None
+
+    def user_tags(self, user: str) -> Tags:
+        """``user``'s management tags (none for an unknown user)."""
+        u = self.config.users.get(user)
+        return Tags(u.tags if u is not None else frozenset())
 
     def set_alarm(self, reason: str | None) -> None:
         """The store's alarm (``Store.attach``): raised with ``reason`` or cleared (None)."""

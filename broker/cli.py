@@ -21,7 +21,9 @@ def _setup_logging(level: str, fmt: str = "text") -> None:
 
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        from plugbroker.logsafe import TextFormatter
+
+        handler.setFormatter(TextFormatter())
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 

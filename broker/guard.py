@@ -1,9 +1,15 @@
 """Guards at the broker's front door: login throttling and an accept loop that backs off.
 
-:class:`LoginThrottle` delays the answer to a failed login from one peer address, doubling the
-delay with each further failure from that address up to a cap. The delay is a timer, never a
-wait: other peers (and the rest of the broker) are served meanwhile. An address's record is
-forgotten after a quiet period, and the table holds a bounded number of addresses.
+:class:`LoginThrottle` delays the answer to a failed login, doubling the delay with each
+further failure up to a cap. Failures are counted per (user, address) and per address, with
+different limits, so that a guesser does not lock out the innocent: a correct password is
+answered at once unless that very user has failed :attr:`LoginThrottle.attack_after` times from
+that very address (it is *under attack* there; then its logins from there are refused, after
+the delay, until the record is forgotten, so a guess can never be confirmed); the address as a
+whole adds a delay of its own only past :attr:`LoginThrottle.address_free` failures (a guesser
+trying one password on many users). The delay is a timer, never a wait: other peers (and the
+rest of the broker) are served meanwhile. A record is forgotten after a quiet period, and the
+tables hold a bounded number of entries.
 
 :class:`Acceptor` accepts connections on a listening socket for both asyncio and uvloop. When
 ``accept()`` fails for want of a resource (EMFILE, ENFILE, ENOBUFS, ENOMEM) it stops watching the
@@ -31,16 +37,27 @@ RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EN
 TRANSIENT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.ECONNRESET, errno.EPERM})
 
 
+#: what a door does with a login (:meth:`LoginThrottle.judge`)
+ACCEPT = "accept"
+REFUSE = "refuse"
+TURN_AWAY = "turn-away"
+
+
 class LoginThrottle:
-    """Per peer address: how long to delay the answer to its next failed login.
+    """Per (user, peer address) and per peer address: how long to delay the answer to a failed
+    login, and whether a correct one goes through (:meth:`judge`, the one rule both doors use).
 
     :param base: seconds the first failure is delayed (0 disables the throttle).
     :param cap: the delay never grows beyond this.
     :param forget_after: seconds without a failure after which an address starts over
         (default: ``max(60, 4 * cap)``).
     :param max_peers: addresses remembered at most (the oldest is forgotten first).
-    :param max_pending: refusals one address may have waiting at once; a further connection
-        from it is closed before it can try a password (see :meth:`over`).
+    :param max_pending: refusals one address may have waiting at once; a further attempt
+        from it that would wait is answered at once instead (see :meth:`judge`).
+    :param attack_after: failures of one user from one address after which that user is
+        under attack there: its logins from there are refused, whatever the password.
+    :param address_free: failures from one address (all users together) before the address
+        adds a delay of its own.
     """
 
     def __init__(
@@ -52,6 +69,8 @@ class LoginThrottle:
         forget_after: float | None = None,
         max_peers: int = 10_000,
         max_pending: int = 32,
+        attack_after: int = 5,
+        address_free: int = 20,
     ) -> None:
         self.clock = clock
         self.base = base
@@ -59,6 +78,12 @@ class LoginThrottle:
         self.forget_after = forget_after if forget_after is not None else max(60.0, 4 * self.cap)
         self.max_peers = max_peers
         self.max_pending = max_pending
+        self.attack_after = attack_after
+        self.address_free = address_free
+        #: (user, peer) -> (failures, time of the last failure); insertion order is age order
+        self._pairs: dict[tuple[str, str], tuple[int, float]] = {}
+        #: correct passwords refused because their user is under attack from that address
+        self.locked_total = 0
         #: peer -> refusals being delayed right now (each holds a connection open)
         self._pending: dict[str, int] = {}
         #: connections closed at once because their address had max_pending refusals waiting
@@ -70,27 +95,70 @@ class LoginThrottle:
         #: failed logins seen, since start
         self.failures_total = 0
 
-    def failed(self, peer: str) -> float:
-        """Record a failed login from ``peer``; return the seconds its answer is delayed."""
+    def judge(self, user: str, peer: str, ok: bool) -> tuple[str, float]:
+        """What a door does with a login of ``user`` from ``peer`` whose credentials were
+        right (``ok``) or not; counts a failure. Returns:
+
+        * ``(ACCEPT, 0)``: let it in now (a correct password for a user not under attack from
+          this address, however many others fail from it; or any correct one without a
+          throttle);
+        * ``(REFUSE, delay)``: refuse it, the answer ``delay`` seconds late (a wrong password;
+          or a right one for a user under attack from this address, which must not confirm a
+          guess);
+        * ``(TURN_AWAY, 0)``: refuse it at once: it would wait, and ``max_pending`` refusals
+          to this address wait already."""
+        attacked = self.under_attack(user, peer)
+        if ok and not attacked:
+            return ACCEPT, 0.0
+        if self.base <= 0:
+            self.failures_total += not ok
+            return (ACCEPT if ok else REFUSE), 0.0
+        if self._pending.get(peer, 0) >= self.max_pending:
+            self.turned_away_total += 1
+            if not ok:
+                self.failed(peer, user)
+            return TURN_AWAY, 0.0
+        if ok:
+            self.locked_total += 1
+            return REFUSE, self.next_delay(peer, user)
+        return REFUSE, self.failed(peer, user)
+
+    def under_attack(self, user: str, peer: str) -> bool:
+        """``user`` failed ``attack_after`` times from ``peer`` lately."""
+        return self.base > 0 and self.failures(peer, user) >= self.attack_after
+
+    def failed(self, peer: str, user: str = "") -> float:
+        """Record a failed login of ``user`` from ``peer``; return the seconds its answer is
+        delayed: doubling with the failures of the pair, or of the address past
+        ``address_free``, whichever is longer."""
         self.failures_total += 1
         if self.base <= 0:
             return 0.0
         now = self.clock.monotonic()
-        rec = self._peers.pop(peer, None)
-        n = 1 if rec is None or now - rec[1] > self.forget_after else rec[0] + 1
-        self._peers[peer] = (n, now)
-        if len(self._peers) > self.max_peers:
-            self._prune(now)
+        n_peer = self._count(self._peers, peer, now)
+        n_pair = self._count(self._pairs, (user, peer), now)
         self.throttled_total += 1
-        # 2 ** (n - 1) without overflow for a peer that keeps failing
-        return min(self.base * (2.0 ** min(n - 1, 62)), self.cap)
+        return self._delay(n_pair, n_peer)
 
-    def next_delay(self, peer: str) -> float:
-        """The delay the next failure from ``peer`` would get (nothing is recorded)."""
+    def next_delay(self, peer: str, user: str = "") -> float:
+        """The delay the next failure of ``user`` from ``peer`` would get (nothing is
+        recorded)."""
         if self.base <= 0:
             return 0.0
-        n = self.failures(peer) + 1
+        return self._delay(self.failures(peer, user) + 1, self.failures(peer) + 1)
+
+    def _delay(self, n_pair: int, n_peer: int) -> float:
+        # 2 ** (n - 1) without overflow for a peer that keeps failing
+        n = max(n_pair, n_peer - self.address_free)
         return min(self.base * (2.0 ** min(n - 1, 62)), self.cap)
+
+    def _count(self, table: dict[Any, tuple[int, float]], key: Any, now: float) -> int:
+        rec = table.pop(key, None)
+        n = 1 if rec is None or now - rec[1] > self.forget_after else rec[0] + 1
+        table[key] = (n, now)
+        if len(table) > self.max_peers:
+            self._prune(table, now)
+        return n
 
     def hold(self, peer: str) -> None:
         """A refusal to ``peer`` is being delayed (its connection stays open meanwhile)."""
@@ -104,18 +172,9 @@ class LoginThrottle:
         else:
             self._pending.pop(peer, None)
 
-    def over(self, peer: str) -> bool:
-        """``peer`` has ``max_pending`` refusals waiting: a new connection from it is turned
-        away before it may try a password, so that guessing in parallel neither beats the
-        delay nor holds more than ``max_pending`` descriptors per address. Counts it."""
-        if self.base > 0 and self._pending.get(peer, 0) >= self.max_pending:
-            self.turned_away_total += 1
-            return True
-        return False
-
-    def failures(self, peer: str) -> int:
-        """Failures counted for ``peer`` (0 once forgotten)."""
-        rec = self._peers.get(peer)
+    def failures(self, peer: str, user: str | None = None) -> int:
+        """Failures counted for ``peer``, or for ``user`` from ``peer`` (0 once forgotten)."""
+        rec = self._peers.get(peer) if user is None else self._pairs.get((user, peer))
         if rec is None or self.clock.monotonic() - rec[1] > self.forget_after:
             return 0
         return rec[0]
@@ -124,12 +183,28 @@ class LoginThrottle:
         """Addresses with failures remembered."""
         return len(self._peers)
 
-    def _prune(self, now: float) -> None:
-        peers = self._peers
-        for key in [k for k, (_n, t) in peers.items() if now - t > self.forget_after]:
-            del peers[key]
-        while len(peers) > self.max_peers:
-            del peers[next(iter(peers))]
+    def _prune(self, table: dict[Any, tuple[int, float]], now: float) -> None:
+        for key in [k for k, (_n, t) in table.items() if now - t > self.forget_after]:
+            del table[key]
+        while len(table) > self.max_peers:
+            del table[next(iter(table))]
+
+
+def under_attack_text(user: str, peer: str) -> str:
+    """The log's reason for refusing a correct password (:meth:`LoginThrottle.judge`)."""
+    return (
+        f"user '{user}' failed too many logins from {peer} lately: its logins from there are "
+        "refused for now, whatever the password"
+    )
+
+
+def throttled_text(verdict: str, delay: float, peer: str, max_pending: int) -> str:
+    """What a refusal's log line adds about the throttle (or nothing)."""
+    if verdict == TURN_AWAY:
+        return f" (answered at once: {max_pending} refusals to {peer} are waiting already)"
+    if delay:
+        return f" (answered in {delay:.2f} s: failed logins from {peer} are throttled)"
+    return ""
 
 
 class Acceptor:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Container, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import plugbroker
+from plugbroker import authz
 from plugbroker.codec import NEED_DATA, ServerCodec
 from plugbroker.codec.events import (
     BasicAck,
@@ -86,7 +87,7 @@ from plugbroker.codec.ids import (
     TX_SELECT,
     MethodId,
 )
-from plugbroker.codec.properties import PropertiesError
+from plugbroker.codec.properties import USER_ID_FLAG, PropertiesError
 from plugbroker.config.users import FULL_PATTERN, Permission
 from plugbroker.domain import fate
 from plugbroker.domain.exchange import ACK_TIMEOUT_HEADER, TOUCH_TAG_HEADER, DelayedExchange
@@ -110,6 +111,7 @@ from plugbroker.errors import (
     ChannelError,
     ConnectionError_,
 )
+from plugbroker.guard import ACCEPT, throttled_text, under_attack_text
 from plugbroker.session_state import (
     DISCARDING,
     HANDSHAKE,
@@ -168,8 +170,6 @@ CLOSING = ConnectionState.CLOSING
 CLOSED = ConnectionState.CLOSED
 
 
-#: the name RabbitMQ checks permissions on for the default exchange ""
-DEFAULT_EXCHANGE_RESOURCE = "amq.default"
 #: checks remembered per connection before the memo starts over (bounds a client that names
 #: ever new queues)
 MAX_PERMISSION_MEMO = 1024
@@ -534,6 +534,8 @@ class Connection:
         #: exchanges (as the client names them) this connection may publish to: the publish
         #: path's memo, one set lookup
         self._may_publish: set[str] = set()
+        #: the user has the ``impersonator`` tag: a publish may carry another ``user_id``
+        self.impersonator = False
         self.client_props: dict[str, Any] = {}
         self.client_caps: dict[str, Any] = {}
         self.channel_max = limits.channel_max
@@ -554,23 +556,6 @@ class Connection:
         broker_.connection_opened(self)
         #: a delayed login refusal counted by the login throttle (:meth:`_refuse_later`)
         self._refusal_held = False
-        throttle = broker_.login_throttle
-        if throttle.over(self.peer_host):
-            n = throttle.turned_away_total
-            if n == 1 or n % 1000 == 0:
-                log.warning(
-                    "connection %s (%s) closed at once: %d failed logins from %s are waiting "
-                    "for their answer (%d connections turned away so far)",
-                    self.id,
-                    peer,
-                    throttle.max_pending,
-                    self.peer_host,
-                    n,
-                )
-            self.close_reason = "login throttled"
-            self._advance(Trigger.DROP)
-            self._cleanup()
-            transport.close()
 
     # ================================================================ the state machine
 
@@ -971,22 +956,22 @@ class Connection:
             refusal = self.broker.external_login_refusal(user, self.peer_host)
         else:
             refusal = self.broker.login_refusal(user, password, self.peer_host)
-        if refusal is not None:
+        throttle = self.broker.login_throttle
+        verdict, delay = throttle.judge(user, self.peer_host, refusal is None)
+        if verdict != ACCEPT:
             # the client learns no more than RabbitMQ tells it; the log says why
             text = (
                 f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
                 " For details see the broker logfile."
             )
-            delay = self.broker.login_throttle.failed(self.peer_host)
             log.warning(
                 "connection %s (%s): %s login refused: %s%s",
                 self.id,
                 self.peer,
                 mechanism,
-                refusal,
-                f" (answered in {delay:.2f} s: failed logins from {self.peer_host} are throttled)"
-                if delay
-                else "",
+                refusal or under_attack_text(user, self.peer_host),
+                throttled_text(verdict, delay, self.peer_host, throttle.max_pending),
+                extra={"user": user, "peer": self.peer},
             )
             if delay:
                 self._refuse_later(delay, text)
@@ -1101,6 +1086,7 @@ class Connection:
         self.admitted = True
         self.vhost = vh
         self.set_permission(self.broker.user_permission(self.user, vhost_name))
+        self.impersonator = self.broker.user_tags(self.user).impersonator
         self._advance(Trigger.OPEN)
         if self._timeout_timer is not None:
             self.broker.timers.cancel(self._timeout_timer)
@@ -1118,6 +1104,7 @@ class Connection:
             self.user,
             vhost_name,
             self.heartbeat,
+            extra={"user": self.user, "peer": self.peer, "vhost": vhost_name},
         )
         h = self.broker.hooks.connection_opened
         if h is not None:
@@ -1267,11 +1254,7 @@ class Connection:
 
     def _exchange_declare(self, ch: Channel, m: ExchangeDeclare) -> None:
         if not m.passive and m.exchange:  # "" is refused below as the default exchange
-            self.check("configure", "exchange", m.exchange, EXCHANGE_DECLARE)
-            ae = m.arguments.get("alternate-exchange") if m.arguments else None
-            if isinstance(ae, str):
-                self.check("read", "exchange", m.exchange, EXCHANGE_DECLARE)
-                self.check("write", "exchange", ae, EXCHANGE_DECLARE)
+            self.require(authz.exchange_declare(m.exchange, m.arguments), EXCHANGE_DECLARE)
         ch.vhost.declare_exchange(
             m.exchange,
             m.type,
@@ -1286,15 +1269,14 @@ class Connection:
 
     def _exchange_delete(self, ch: Channel, m: ExchangeDelete) -> None:
         if m.exchange:
-            self.check("configure", "exchange", m.exchange, EXCHANGE_DELETE)
+            self.require(authz.exchange_delete(m.exchange), EXCHANGE_DELETE)
         if m.exchange in ch.vhost.exchanges:
             ch.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
         if not m.nowait:
             self.send(ch.id, "exchange.delete_ok")
 
     def _exchange_bind(self, ch: Channel, m: ExchangeBind) -> None:
-        self.check("write", "exchange", m.destination, EXCHANGE_BIND)
-        self.check("read", "exchange", m.source, EXCHANGE_BIND)
+        self.require(authz.exchange_bind(m.source, m.destination), EXCHANGE_BIND)
         vh = ch.vhost
         d = vh.get_exchange(m.destination, EXCHANGE_BIND)
         s = vh.get_exchange(m.source, EXCHANGE_BIND)
@@ -1303,8 +1285,7 @@ class Connection:
             self.send(ch.id, "exchange.bind_ok")
 
     def _exchange_unbind(self, ch: Channel, m: ExchangeUnbind) -> None:
-        self.check("write", "exchange", m.destination, EXCHANGE_UNBIND)
-        self.check("read", "exchange", m.source, EXCHANGE_UNBIND)
+        self.require(authz.exchange_bind(m.source, m.destination), EXCHANGE_UNBIND)
         vh = ch.vhost
         d = vh.get_exchange(m.destination, EXCHANGE_UNBIND)
         s = vh.get_exchange(m.source, EXCHANGE_UNBIND)
@@ -1322,11 +1303,7 @@ class Connection:
             # RabbitMQ checks a server-named queue under the name it will get (amq.gen-...)
             if not name:
                 server_name = "amq.gen-" + secrets.token_urlsafe(16)
-            self.check("configure", "queue", name or server_name, QUEUE_DECLARE)
-            dlx = m.arguments.get("x-dead-letter-exchange") if m.arguments else None
-            if isinstance(dlx, str):
-                self.check("read", "queue", name or server_name, QUEUE_DECLARE)
-                self.check("write", "exchange", dlx, QUEUE_DECLARE)
+            self.require(authz.queue_declare(name or server_name, m.arguments), QUEUE_DECLARE)
             self.broker.check_queue_limit(
                 vh, name or server_name, new=bool(server_name) or name not in vh.queues
             )
@@ -1345,8 +1322,7 @@ class Connection:
             self.send(ch.id, "queue.declare_ok", q.name, q.ready_count, len(q.consumers))
 
     def _queue_bind(self, ch: Channel, m: QueueBind) -> None:
-        self.check("write", "queue", m.queue, QUEUE_BIND)
-        self.check("read", "exchange", m.exchange, QUEUE_BIND)
+        self.require(authz.queue_bind(m.queue, m.exchange), QUEUE_BIND)
         vh = ch.vhost
         q = vh.get_queue(m.queue, QUEUE_BIND, self.id)
         ex = vh.get_exchange(m.exchange, QUEUE_BIND)
@@ -1355,8 +1331,7 @@ class Connection:
             self.send(ch.id, "queue.bind_ok")
 
     def _queue_unbind(self, ch: Channel, m: QueueUnbind) -> None:
-        self.check("write", "queue", m.queue, QUEUE_UNBIND)
-        self.check("read", "exchange", m.exchange, QUEUE_UNBIND)
+        self.require(authz.queue_bind(m.queue, m.exchange), QUEUE_UNBIND)
         vh = ch.vhost
         q = vh.get_queue(m.queue, QUEUE_UNBIND, self.id)
         ex = vh.get_exchange(m.exchange, QUEUE_UNBIND)
@@ -1364,14 +1339,14 @@ class Connection:
         self.send(ch.id, "queue.unbind_ok")
 
     def _queue_purge(self, ch: Channel, m: QueuePurge) -> None:
-        self.check("read", "queue", m.queue, QUEUE_PURGE)
+        self.require(authz.queue_purge(m.queue), QUEUE_PURGE)
         q = ch.vhost.get_queue(m.queue, QUEUE_PURGE, self.id)
         n = fate.purge(q)
         if not m.nowait:
             self.send(ch.id, "queue.purge_ok", n)
 
     def _queue_delete(self, ch: Channel, m: QueueDelete) -> None:
-        self.check("configure", "queue", m.queue, QUEUE_DELETE)
+        self.require(authz.queue_delete(m.queue), QUEUE_DELETE)
         vh = ch.vhost
         q = vh.queues.get(m.queue)
         n = 0
@@ -1410,7 +1385,7 @@ class Connection:
     def _basic_consume(self, ch: Channel, m: BasicConsume) -> None:
         qname, tag, exclusive = m.queue, m.consumer_tag, m.exclusive
         sig = BASIC_CONSUME
-        self.check("read", "queue", qname, sig)
+        self.require(authz.consume(qname), sig)
         q = ch.vhost.get_queue(qname, sig, self.id)
         if not tag:
             tag = "amq.ctag-" + secrets.token_urlsafe(16)
@@ -1458,7 +1433,7 @@ class Connection:
 
     def _basic_get(self, ch: Channel, get: BasicGet) -> None:
         qname, no_ack = get.queue, get.no_ack
-        self.check("read", "queue", qname, BASIC_GET)
+        self.require(authz.consume(qname), BASIC_GET)
         q = ch.vhost.get_queue(qname, BASIC_GET, self.id)
         q.getters[(self.id, ch.id)] = None
         ch.polled[id(q)] = q
@@ -1566,8 +1541,13 @@ class Connection:
 
     def _publish(self, ch: Channel, ev: Publish) -> None:
         if not self._write_all and ev.exchange not in self._may_publish:
-            self.check("write", "exchange", ev.exchange, BASIC_PUBLISH)
+            self.require(authz.publish(ev.exchange), BASIC_PUBLISH)
             self._may_publish.add(ev.exchange)
+        props = ev.properties  # user_id must be the user's (one byte test when it is absent)
+        if len(props) > 1 and props[1] & USER_ID_FLAG and not self.impersonator:
+            refusal = authz.user_id_refusal(props, self.user)
+            if refusal is not None:
+                raise ChannelError(PRECONDITION_FAILED, refusal, BASIC_PUBLISH)
         if ev.immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", BASIC_PUBLISH)
         if self.broker.alarm is not None and not self.blocked:
@@ -1769,6 +1749,9 @@ class Connection:
             msg, q, _consumer = entry
             if q.vhost is not vh:
                 raise fate.RetryRefused("the delivery is from another vhost")
+            retry_q = vh.retry_queue_of(q.name) if q.retry_target is None else None
+            if retry_q is not None:  # the copy is written there: the connection's write
+                self.require(authz.retry_target(retry_q.name), BASIC_PUBLISH)
             delay_ms = h.get("x-delay")
             level = h.get("x-retry-level")
             if delay_ms is not None and not isinstance(delay_ms, (int, float)):
@@ -1977,21 +1960,13 @@ class Connection:
             self._allowed[key] = allowed
         return allowed
 
-    def refusal(self, kind: str, resource: str, name: str) -> str:
-        """RabbitMQ's text for a refused check (without the ``ACCESS_REFUSED - `` prefix)."""
-        vhost = self.vhost.name if self.vhost is not None else ""
-        return (
-            f"{kind} access to {resource} '{name}' in vhost '{vhost}' refused for user "
-            f"'{self.user}'"
-        )
-
-    def check(self, kind: str, resource: str, name: str, method: MethodId) -> None:
-        """Raise 403 ACCESS_REFUSED (closing the channel) unless :meth:`may`. The default
-        exchange ``""`` is checked as ``amq.default``, as RabbitMQ does."""
-        if resource == "exchange" and not name:
-            name = DEFAULT_EXCHANGE_RESOURCE
-        if not self.may(kind, name):
-            raise ChannelError(ACCESS_REFUSED, self.refusal(kind, resource, name), method)
+    def require(self, needs: tuple[authz.Need, ...], method: MethodId) -> None:
+        """Raise 403 ACCESS_REFUSED (closing the channel) unless the user has each of
+        ``needs`` (:mod:`plugbroker.authz` says which an operation needs)."""
+        for need in needs:
+            if not self.may(need.kind, need.name):
+                vhost = self.vhost.name if self.vhost is not None else ""
+                raise ChannelError(ACCESS_REFUSED, authz.refusal(need, vhost, self.user), method)
 
     def force_close(self, text: str = "broker shutdown") -> None:
         """Close with 320 CONNECTION_FORCED (shutdown, admin)."""

@@ -12,6 +12,8 @@ well formed or not, and read what the broker answers.
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
 import struct
 import time
@@ -377,3 +379,48 @@ def deep_header_properties(depth: int) -> bytes:
     """Basic properties with a headers table ``depth`` deep and delivery_mode 2."""
     flags = (1 << 13) | (1 << 12)
     return struct.pack(">H", flags) + nested_table(depth) + b"\x02"
+
+
+def raw_from(source: str, port: int, timeout: float = 5.0) -> RawClient:
+    """A :class:`RawClient` connected to 127.0.0.1:``port`` from ``source`` (another loopback
+    address: another peer, for the broker)."""
+    raw = RawClient.__new__(RawClient)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    raw.sock, raw.timeout, raw.buf, raw.frame_max, raw.eof = sock, timeout, b"", 131072, False
+    return raw
+
+
+# ---------------------------------------------------------------- admin HTTP from an address
+
+
+def http_from(source: str, port: int, user: str, password: str) -> socket.socket:
+    """An admin request with HTTP Basic ``user:password`` sent from ``source`` (a loopback
+    address); the socket, to read the answer from when it comes."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    cred = base64.b64encode(f"{user}:{password}".encode()).decode()
+    sock.sendall(
+        f"GET /api/whoami HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic {cred}\r\n"
+        "Connection: close\r\n\r\n".encode()
+    )
+    return sock
+
+
+def http_answer(sock: socket.socket) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """Status, headers and JSON body of the answer on ``sock`` (read until it closes)."""
+    data = b""
+    for _ in range(1000):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, json.loads(body)

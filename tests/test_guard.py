@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from plugbroker.clock import ManualClock
-from plugbroker.guard import Acceptor, LoginThrottle
+from plugbroker.guard import ACCEPT, REFUSE, TURN_AWAY, Acceptor, LoginThrottle
 
 
 def test_each_failure_from_one_peer_doubles_its_delay_up_to_the_cap() -> None:
@@ -138,3 +138,54 @@ def test_accept_out_of_descriptors_backs_off_doubling_and_logs_once_per_interval
         assert len(caplog.records) == 2 and "(5 more since the last report)" in caplog.text
     assert a.failures_total == 7
     a.close()
+
+
+# -------------------------------------------------- per (user, address) and per address
+
+
+def test_a_right_password_is_let_in_at_once_however_many_others_fail_from_its_address() -> None:
+    t = LoginThrottle(ManualClock(), 0.5, 3.0)
+    for i in range(1000):  # a guesser spraying many users from the address
+        assert t.judge(f"user{i % 50}", "10.0.0.1", False)[0] == REFUSE
+    assert t.judge("bob", "10.0.0.1", True) == (ACCEPT, 0.0)
+    assert t.locked_total == 0
+
+
+def test_a_user_under_attack_from_an_address_is_refused_there_whatever_the_password() -> None:
+    clock = ManualClock()
+    t = LoginThrottle(clock, 0.5, 3.0, attack_after=3, forget_after=60.0)
+    assert [t.judge("alice", "10.0.0.1", False) for _ in range(3)] == [
+        (REFUSE, 0.5),
+        (REFUSE, 1.0),
+        (REFUSE, 2.0),
+    ]
+    assert t.under_attack("alice", "10.0.0.1")
+    # the right password is refused too, as late as a guess would be: no guess is confirmed
+    assert t.judge("alice", "10.0.0.1", True) == (REFUSE, 3.0)
+    assert t.locked_total == 1 and t.failures("10.0.0.1", "alice") == 3  # not counted
+    # from another address, and for another user from this one, nothing changes
+    assert t.judge("alice", "10.0.0.2", True) == (ACCEPT, 0.0)
+    assert t.judge("bob", "10.0.0.1", True) == (ACCEPT, 0.0)
+    clock.advance(61.0)  # quiet for long enough: forgotten
+    assert t.judge("alice", "10.0.0.1", True) == (ACCEPT, 0.0)
+
+
+def test_an_address_adds_its_own_delay_past_its_free_failures() -> None:
+    t = LoginThrottle(ManualClock(), 0.5, 60.0, address_free=4)
+    # one failure each for many users: the pair delay stays at the base ...
+    delays = [t.judge(f"u{i}", "10.0.0.1", False)[1] for i in range(8)]
+    # ... until the address as a whole is past its free failures, then it doubles
+    assert delays == [0.5, 0.5, 0.5, 0.5, 0.5, 1.0, 2.0, 4.0]
+    assert t.judge("u0", "10.0.0.2", False)[1] == 0.5  # another address starts afresh
+
+
+def test_an_attempt_that_would_wait_is_turned_away_while_the_address_has_too_many_waiting() -> None:
+    t = LoginThrottle(ManualClock(), 0.5, 3.0, max_pending=2)
+    t.hold("10.0.0.1")
+    t.hold("10.0.0.1")
+    assert t.judge("alice", "10.0.0.1", False) == (TURN_AWAY, 0.0)
+    assert t.failures("10.0.0.1", "alice") == 1  # a guess turned away still counts
+    assert t.judge("bob", "10.0.0.1", True) == (ACCEPT, 0.0)  # the innocent get in
+    assert t.turned_away_total == 1
+    t.release("10.0.0.1")
+    assert t.judge("alice", "10.0.0.1", False)[0] == REFUSE

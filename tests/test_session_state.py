@@ -41,7 +41,9 @@ S = ConnectionState
 T = Trigger
 
 CONFIG = """<broker>
-  <users><user name="guest" password="guest" vhosts="/"/></users>
+  <users><user name="guest" password="guest" vhosts="/"/>
+    <user name="victim" password="pw" vhosts="/"/><user name="bystander" password="pw" vhosts="/"/>
+  </users>
   <virtualhost name="/"/>
 </broker>"""
 
@@ -505,29 +507,43 @@ def test_every_client_method_has_a_place_in_the_session() -> None:
     assert handled == set(ev.CLIENT_METHODS)
 
 
-def test_an_address_with_too_many_refusals_waiting_is_turned_away_until_they_are_answered() -> None:
+def _attempt(w: World, port: int, user: str, password: str) -> tuple[Connection, FakeTransport]:
+    """A login of ``user`` from 10.0.0.9."""
+    t = FakeTransport()
+    conn = Connection(w.broker, t, f"10.0.0.9:{port}")
+    conn.data_received(
+        PROTOCOL_HEADER
+        + method_frame(
+            0, "connection.start_ok", {}, "PLAIN", plain_response(user, password), "en_US"
+        )
+    )
+    return conn, t
+
+
+def test_a_guesser_locks_out_only_the_user_it_guesses_and_only_from_its_address() -> None:
     w = World()
     throttle = w.broker.login_throttle
-    waiting = []
-    for i in range(throttle.max_pending):
-        t = FakeTransport()
-        conn = Connection(w.broker, t, f"10.0.0.9:{41000 + i}")
-        conn.data_received(
-            PROTOCOL_HEADER
-            + method_frame(0, "connection.start_ok", {}, "PLAIN", plain_response("x"), "en_US")
-        )
-        assert conn.state is S.CLOSING and not t.closed
-        waiting.append((conn, t))
-    # one more from that address is closed before it may try a password ...
-    t = FakeTransport()
-    conn = Connection(w.broker, t, "10.0.0.9:42000")
+    waiting = [_attempt(w, 41000 + i, "victim", f"guess{i}") for i in range(throttle.max_pending)]
+    assert all(c.state is S.CLOSING and not t.closed for c, t in waiting)
+    assert throttle.under_attack("victim", "10.0.0.9")
+    # one more guess would wait too: it is refused at once instead (nothing more is held) ...
+    conn, t = _attempt(w, 42000, "victim", "guess")
     assert conn.state is S.CLOSED and t.closed and throttle.turned_away_total == 1
-    # ... another address is not
-    other = FakeTransport()
-    assert Connection(w.broker, other, "10.0.0.10:42000").state is S.AWAIT_HEADER
-    # once the refusals are answered and their connections gone, the address may connect again
+    # ... and so is the right password of the user under attack: a guess is never confirmed
+    conn, t = _attempt(w, 42001, "victim", "pw")
+    assert conn.state is S.CLOSED and t.closed and throttle.turned_away_total == 2
+    # another user's right password from the same address goes in at once
+    conn, t = _attempt(w, 42002, "bystander", "pw")
+    assert conn.state is S.AWAIT_TUNE_OK and not t.closed
+    assert throttle.turned_away_total == 2
+    # once the refusals are answered, the attacked user is still refused from there, late
     w.clock.advance(throttle.cap + w.broker.close_timeout + 0.1)
     w.broker.timers.run_due()
     assert all(c.state is S.CLOSED and tr.closed for c, tr in waiting)
-    t = FakeTransport()
-    assert Connection(w.broker, t, "10.0.0.9:42001").state is S.AWAIT_HEADER and not t.closed
+    conn, t = _attempt(w, 42003, "victim", "pw")
+    assert conn.state is S.CLOSING and not t.closed and throttle.locked_total == 1
+    # until its record is forgotten
+    w.clock.advance(throttle.forget_after + 1)
+    w.broker.timers.run_due()
+    conn, t = _attempt(w, 42004, "victim", "pw")
+    assert conn.state is S.AWAIT_TUNE_OK and not t.closed

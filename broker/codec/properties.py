@@ -29,6 +29,9 @@ _REPLY_TO = 1 << 9
 _EXPIRATION = 1 << 8
 _MESSAGE_ID = 1 << 7
 _TIMESTAMP = 1 << 6
+_TYPE = 1 << 5
+#: the user_id bit, in the second (low) byte of the flags
+USER_ID_FLAG = _USER_ID = 1 << 4
 #: type, user_id, app_id, cluster_id
 _REST_SHORTSTRS = (1 << 5, 1 << 4, 1 << 3, 1 << 2)
 _REST = _MESSAGE_ID | _TIMESTAMP | (1 << 5) | (1 << 4) | (1 << 3) | (1 << 2)
@@ -90,6 +93,41 @@ def peek(raw: bytes) -> tuple[int, int, str | None, int]:
         if p > len(raw):
             raise IndexError("property list runs past the end of the content header")
         return mode, prio, expiration, hoff
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise PropertiesError(f"content header properties are malformed: {exc}") from None
+
+
+def user_id(raw: bytes) -> str | None:
+    """The ``user_id`` property, or None when absent. One byte test when it is absent (the
+    usual case): only a publish that sets it pays for the walk to it.
+
+    Raises :class:`PropertiesError` for a property list that does not match its flags."""
+    if len(raw) < 2 or not raw[1] & _USER_ID:
+        return None
+    try:
+        flags = _U16.unpack_from(raw, 0)[0]
+        p = 4 if flags & 1 else 2
+        for bit in (_CONTENT_TYPE, _CONTENT_ENCODING):
+            if flags & bit:
+                p += 1 + raw[p]
+        if flags & _HEADERS:
+            p += 4 + _U32.unpack_from(raw, p)[0]
+        if flags & _DELIVERY_MODE:
+            p += 1
+        if flags & _PRIORITY:
+            p += 1
+        for bit in (_CORRELATION_ID, _REPLY_TO, _EXPIRATION, _MESSAGE_ID):
+            if flags & bit:
+                p += 1 + raw[p]
+        if flags & _TIMESTAMP:
+            p += 8
+        if flags & _TYPE:
+            p += 1 + raw[p]
+        n = raw[p]
+        value = raw[p + 1 : p + 1 + n]
+        if len(value) != n:
+            raise IndexError("user_id runs past the end of the properties")
+        return value.decode()
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise PropertiesError(f"content header properties are malformed: {exc}") from None
 

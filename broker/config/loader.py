@@ -32,6 +32,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from plugbroker.config.context import ParseContext, children, local_name, quote
 from plugbroker.config.errors import ConfigError
 from plugbroker.config.model import (
@@ -68,7 +70,7 @@ from plugbroker.config.users import (
     DEFAULT_HASHING_ALGORITHM,
     KNOWN_TAGS,
     Permission,
-    compile_pattern,
+    check_pattern_cost,
     decode_password_hash,
 )
 from plugbroker.routing import STANDARD_EXCHANGES
@@ -369,12 +371,14 @@ class _Loader:
                 pattern = p.get(kind)
                 pattern = "" if pattern is None else pattern
                 try:
-                    compile_pattern(pattern)
-                except re.error as exc:
+                    why = check_pattern_cost(pattern)
+                except regex.error as exc:
                     raise self.err(
                         p,
                         f"attribute {kind}: {pattern!r} is not a valid regular expression: {exc}",
                     ) from None
+                if why is not None:
+                    raise self.err(p, f"attribute {kind}: {pattern!r} is refused: {why}")
                 patterns[kind] = pattern
             permissions[vh] = Permission(**patterns)
             lines[vh] = p.sourceline

@@ -9,8 +9,16 @@ A :class:`Permission` is RabbitMQ's configure/write/read triple for one vhost. E
 regular expression *searched* in the resource name (RabbitMQ runs ``re:run`` on the name: it
 matches anywhere unless the pattern is anchored with ``^`` and ``$``); the empty pattern means
 "nothing" (RabbitMQ reads it as ``^$``). Which operation needs which permission on which
-resource is the session's business (:mod:`plugbroker.session`); this module only answers "may this
-user do *kind* on a resource named *name*".
+resource is :mod:`plugbroker.authz`'s business; this module only answers "may this user do
+*kind* on a resource named *name*".
+
+A pattern is an operator's, but the name it is matched against is a client's, and a pattern
+that backtracks (``^(a|aa)+$``) can take seconds on a name of forty characters. So patterns are
+matched with the ``regex`` package under a time bound (:data:`MATCH_TIMEOUT`): a match that runs
+out of time (twice) refuses, logged, and never stalls the broker. At load, a pattern is tried against
+a few hostile names made of its own characters (:func:`check_pattern_cost`), and one that runs
+out of time there is refused with the file and line, so the bound is a safety net rather than
+an everyday event.
 """
 
 from __future__ import annotations
@@ -22,9 +30,11 @@ import hmac
 import ipaddress
 import logging
 import os
-import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+import regex
 
 __all__ = [
     "DEFAULT_HASHING_ALGORITHM",
@@ -103,12 +113,48 @@ def check_password_hash(
     return hmac.compare_digest(mine, digest)
 
 
-def compile_pattern(pattern: str) -> re.Pattern[str]:
+#: seconds one try of a permission match may take; a match refuses when two tries run out of
+#: time (a second try, so a scheduling pause in a match of microseconds never refuses)
+MATCH_TIMEOUT = 0.002
+#: seconds a pattern may take on one of the hostile names tried at load
+LOAD_TIMEOUT = 0.02
+#: permission matches that ran out of time, since start
+timeouts_total = 0
+_last_timeout_log = 0.0
+
+
+def compile_pattern(pattern: str) -> regex.Pattern[str]:
     """RabbitMQ's reading of a permission pattern: the empty one matches no name at all.
 
-    Raises ``re.error`` for a pattern that does not compile.
+    Raises ``regex.error`` (``PatternError``) for a pattern that does not compile.
     """
-    return re.compile(pattern if pattern else "^$")
+    return regex.compile(pattern if pattern else "^$")
+
+
+_LITERAL_PREFIX = regex.compile(r"\^?([A-Za-z0-9_:@/ -]*)")
+
+
+def check_pattern_cost(pattern: str) -> str | None:
+    """Why ``pattern`` would stall a permission check (None: it would not): tried against
+    names of up to 255 characters made of its own literal characters with a character it does
+    not expect at the end, the shape that makes a backtracking pattern explode, each within
+    :data:`LOAD_TIMEOUT`."""
+    compiled = compile_pattern(pattern)
+    chars = sorted({c for c in pattern if c.isalnum() or c in "-_:@/ "})[:12] or ["a"]
+    # the literal text a pattern starts with (``^team-`` ...), so an anchored one is reached
+    prefix = _LITERAL_PREFIX.match(pattern).group(1)
+    probes = [p + c * n + "\x00" for p in {"", prefix} for c in chars for n in (40, 200)]
+    probes.append(("".join(chars) * 255)[:254] + "\x00")
+    for probe in probes:
+        try:
+            compiled.search(probe, timeout=LOAD_TIMEOUT)
+        except TimeoutError:
+            return (
+                f"it backtracks catastrophically: a {len(probe)}-character name took over "
+                f"{LOAD_TIMEOUT * 1000:g} ms to match; rewrite it without nested or "
+                "overlapping repetition (such as (a|aa)+ or (a+)+)"
+            )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +164,7 @@ class Permission:
     configure: str = FULL_PATTERN
     write: str = FULL_PATTERN
     read: str = FULL_PATTERN
-    _compiled: dict[str, re.Pattern[str]] = field(
+    _compiled: dict[str, regex.Pattern[str]] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
 
@@ -127,14 +173,40 @@ class Permission:
             self._compiled[kind] = compile_pattern(getattr(self, kind))
 
     def allows(self, kind: PermissionKind, name: str) -> bool:
-        """Whether the ``kind`` pattern matches (anywhere in) the resource ``name``."""
-        return self._compiled[kind].search(name) is not None
+        """Whether the ``kind`` pattern matches (anywhere in) the resource ``name``; a match
+        whose two tries each take longer than :data:`MATCH_TIMEOUT` refuses."""
+        compiled = self._compiled[kind]
+        for _try in range(2):
+            try:
+                return compiled.search(name, timeout=MATCH_TIMEOUT) is not None
+            except TimeoutError:
+                pass
+        _timed_out(kind, self.pattern(kind), name)
+        return False
 
     def pattern(self, kind: PermissionKind) -> str:
         return str(getattr(self, kind))
 
     def describe(self) -> str:
         return f"configure {self.configure!r} write {self.write!r} read {self.read!r}"
+
+
+def _timed_out(kind: str, pattern: str, name: str) -> None:
+    """Count a match that ran out of time; log it at most once a minute."""
+    global timeouts_total, _last_timeout_log
+    timeouts_total += 1
+    now = time.monotonic()
+    if now - _last_timeout_log >= 60.0:
+        _last_timeout_log = now
+        log.warning(
+            "%s pattern %r took over %g ms twice on the name %r and refused it (%d such refusals "
+            "so far); rewrite the pattern without nested or overlapping repetition",
+            kind,
+            pattern,
+            MATCH_TIMEOUT * 1000,
+            name[:64],
+            timeouts_total,
+        )
 
 
 def is_loopback(host: str) -> bool:

@@ -52,9 +52,9 @@ def revoke_lost_access(api: BrokerAPI, old: BrokerConfig, new: BrokerConfig) -> 
             continue
         assert after is not None
         perm = after.permission(conn.vhost)
+        api.reauthorize(conn.id)  # new patterns, new tags (impersonator)
         if before is not None and before.permission(conn.vhost) == perm:
             continue
-        api.reauthorize(conn.id)
         if perm is None:  # unreachable: can_access held
             continue
         closed: set[int] = set()

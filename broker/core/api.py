@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from plugbroker.budget import Budget
     from plugbroker.clock import Clock
     from plugbroker.config import BrokerConfig
+    from plugbroker.config.users import Permission
     from plugbroker.domain.message import Message
     from plugbroker.domain.queue import Consumer, Queue
     from plugbroker.policy import Action, Snapshot
@@ -336,6 +337,9 @@ class RedriveResult:
     #: messages still to move by a paced redrive
     pending: int = 0
     dry_run: bool = False
+    #: messages kept (and counted in ``kept``) because the asker may not write the queue
+    #: they came from, by that queue
+    refused: Mapping[str, int] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------- the API
@@ -429,23 +433,21 @@ class BrokerAPI:
 
     # -- login throttling (shared by every door: AMQP, the admin API) -------------------------
 
-    def login_failed(self, peer_host: str) -> float:
-        """Count a failed login from ``peer_host`` with the broker's login throttle (the one
-        AMQP logins go through); returns the seconds its answer is to be delayed (0: at once)."""
-        return self._b.login_throttle.failed(peer_host)
+    def login_judge(self, user: str, peer_host: str, ok: bool) -> tuple[str, float]:
+        """What to do with a login of ``user`` from ``peer_host`` whose credentials were right
+        (``ok``) or not, by the broker's login throttle (the rule AMQP logins follow):
+        ``("accept", 0)``, ``("refuse", delay)`` or ``("turn-away", 0)``; see
+        :meth:`plugbroker.guard.LoginThrottle.judge`. Counts a failure."""
+        return self._b.login_throttle.judge(user, peer_host, ok)
 
-    def login_turned_away(self, peer_host: str) -> bool:
-        """``peer_host`` has the most refusals waiting that one address may have: a new login
-        attempt from it is turned away before its password is checked (counted)."""
-        return self._b.login_throttle.over(peer_host)
-
-    def login_next_delay(self, peer_host: str) -> float:
-        """The delay ``peer_host``'s next failed login would get (for a ``Retry-After``)."""
-        return self._b.login_throttle.next_delay(peer_host)
+    def login_next_delay(self, peer_host: str, user: str = "") -> float:
+        """The delay the next failed login of ``user`` from ``peer_host`` would get (for a
+        ``Retry-After``)."""
+        return self._b.login_throttle.next_delay(peer_host, user)
 
     async def login_refusal_delay(self, peer_host: str, delay: float) -> None:
         """Wait ``delay`` seconds on the broker's timers (its clock) while the refusal counts
-        as pending for ``peer_host`` (see :meth:`login_turned_away`); the loop serves everything
+        as pending for ``peer_host`` (see :meth:`login_judge`); the loop serves everything
         else meanwhile. Cancelling the waiting task (the client went away) ends it early."""
         throttle = self._b.login_throttle
         timers = self._b.timers
@@ -770,6 +772,7 @@ class BrokerAPI:
         reasons: Iterable[str] | None = None,
         reset: bool = True,
         dry_run: bool = False,
+        allowed: Callable[[str], bool] | None = None,
     ) -> RedriveResult:
         """:meth:`redrive` without a rate, for a dead-letter queue that may hold millions: the
         messages ready when it starts are looked at a step per loop turn
@@ -784,10 +787,16 @@ class BrokerAPI:
             reasons=frozenset(reasons) if reasons else None,
             reset=reset,
             dry_run=dry_run,
+            allowed=allowed,
         )
         await self._in_steps(run.steps())
         moved = {} if dry_run else dict(run.moved)
-        return RedriveResult(moved, run.kept, dict(run.planned), 0, dry_run)
+        return RedriveResult(moved, run.kept, dict(run.planned), 0, dry_run, dict(run.refused))
+
+    def user_permission(self, user: str, vhost: str) -> Permission | None:
+        """``user``'s compiled configure/write/read patterns on ``vhost`` (None: no access),
+        for a door that checks them as the session does (:mod:`plugbroker.authz`)."""
+        return self._b.user_permission(user, vhost)
 
     async def _in_steps(self, steps: Iterator[None]) -> None:
         """Run ``steps`` one per loop turn in a task of its own, so that a cancelled caller
@@ -834,6 +843,7 @@ class BrokerAPI:
         if conn is None or conn.vhost is None:
             return False
         conn.set_permission(self._b.user_permission(conn.user, conn.vhost.name))
+        conn.impersonator = self._b.user_tags(conn.user).impersonator
         return True
 
     def queue_channels(self, vhost: str, queue: str) -> list[tuple[str, int]]:
@@ -949,6 +959,7 @@ class BrokerAPI:
         reset: bool = True,
         dry_run: bool = False,
         rate: float | None = None,
+        allowed: Callable[[str], bool] | None = None,
     ) -> RedriveResult:
         """Move the ready messages of a dead-letter queue back to the queue each came from
         (``REAL_TOPIC``, else its last ``x-death`` queue), as new messages. Messages whose
@@ -961,28 +972,33 @@ class BrokerAPI:
         :param dry_run: only say what would move.
         :param rate: messages per second: the first batch moves now, the rest on the broker's
             timers (``pending`` says how many are left).
+        :param allowed: whether the asker may write a queue (by name): a dead letter whose
+            origin it may not write stays (``refused``); None: every origin may be written.
         :raises NotFound: no such queue.
         :raises ValueError: a rate that is not positive.
         """
         q = self._queue(vhost, queue)
         wanted = frozenset(reasons) if reasons else None
-        plan = fate.plan_redrive(q, limit=limit, reasons=wanted)
+        plan = fate.plan_redrive(q, limit=limit, reasons=wanted, allowed=allowed)
         planned: dict[str, int] = {}
         for _m, target in plan.moves:
             planned[target.name] = planned.get(target.name, 0) + 1
         kept = plan.kept + plan.skipped
+        refused = dict(plan.refused)
         if dry_run:
-            return RedriveResult({}, kept, planned, 0, True)
+            return RedriveResult({}, kept, planned, 0, True, refused)
         if rate is not None:
             paced = fate.PacedRedrive(
-                q, rate=rate, limit=len(plan.moves), reasons=wanted, reset=reset
+                q, rate=rate, limit=len(plan.moves), reasons=wanted, reset=reset, allowed=allowed
             )
             if plan.moves:
                 paced.start()
             done = sum(paced.moved.values()) + paced.kept
-            return RedriveResult(dict(paced.moved), kept, planned, len(plan.moves) - done)
-        moved, kept = fate.redrive(q, limit, reasons=wanted, reset=reset)
-        return RedriveResult(moved, kept, planned)
+            return RedriveResult(
+                dict(paced.moved), kept, planned, len(plan.moves) - done, refused=refused
+            )
+        moved, kept = fate.redrive(q, limit, reasons=wanted, reset=reset, allowed=allowed)
+        return RedriveResult(moved, kept, planned, refused=refused)
 
     def apply_actions(self, actions: Sequence[Action], streaks: Streaks | None = None) -> list[str]:
         """Apply policy actions in order (see :mod:`plugbroker.core.actions`); one outcome each.

@@ -52,14 +52,14 @@ import datetime as _dt
 import heapq
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from plugbroker.retry import DEFAULT_MAX_RECONSUME, MAX_DELAY, MIN_DELAY
 from plugbroker.subscription import EXCLUSIVE, FAILOVER
 
 if TYPE_CHECKING:
-    from collections.abc import Container, Iterator, Sequence
+    from collections.abc import Callable, Container, Iterator, Sequence
 
     from plugbroker.domain.message import Message
     from plugbroker.domain.queue import Consumer, Queue
@@ -976,6 +976,8 @@ class RedrivePlan:
     moves: list[tuple[Message, Queue]]
     kept: int
     skipped: int
+    #: dead letters that stay because the asker may not write their origin, by origin
+    refused: dict[str, int] = field(default_factory=dict)
 
 
 def plan_redrive(
@@ -984,16 +986,20 @@ def plan_redrive(
     limit: int | None = None,
     reasons: frozenset[str] | None = None,
     exclude: set[int] | None = None,
+    allowed: Callable[[str], bool] | None = None,
 ) -> RedrivePlan:
     """Which ready messages of dead-letter queue ``q`` a redrive would move, oldest first.
 
     :param reasons: only dead letters whose last ``x-death`` reason is one of these.
     :param exclude: message ids to pass over (kept by an earlier step of a paced redrive).
+    :param allowed: whether the asker may write a target queue (by name); a dead letter
+        whose origin it may not write stays (a header never grants a destination).
     """
     vh = q.vhost
     moves: list[tuple[Message, Queue]] = []
     kept = 0
     skipped = 0
+    refused: dict[str, int] = {}
     for m in q.ready:
         if limit is not None and len(moves) >= limit:
             break
@@ -1007,8 +1013,12 @@ def plan_redrive(
         if target is None or target is q or target.refuses(m):
             kept += 1
             continue
+        if allowed is not None and not allowed(target.name):
+            refused[target.name] = refused.get(target.name, 0) + 1
+            kept += 1
+            continue
         moves.append((m, target))
-    return RedrivePlan(moves, kept, skipped)
+    return RedrivePlan(moves, kept, skipped, refused)
 
 
 def redrive_one(q: Queue, m: Message, target: Queue, *, reset: bool) -> bool:
@@ -1051,6 +1061,7 @@ def redrive(
     *,
     reasons: frozenset[str] | None = None,
     reset: bool = True,
+    allowed: Callable[[str], bool] | None = None,
 ) -> tuple[dict[str, int], int]:
     """Move the ready messages of dead-letter queue ``q`` back to the queue each came from,
     now (for a paced redrive, see :class:`plugbroker.core.api.BrokerAPI.redrive`).
@@ -1059,7 +1070,7 @@ def redrive(
     whose last death reason is not in ``reasons`` (when given). Returns
     ``({target queue: moved}, kept)``.
     """
-    plan = plan_redrive(q, limit=limit, reasons=reasons)
+    plan = plan_redrive(q, limit=limit, reasons=reasons, allowed=allowed)
     moved: dict[str, int] = {}
     kept = plan.kept + plan.skipped
     for m, target in plan.moves:
@@ -1092,8 +1103,12 @@ class StepwiseRedrive:
         reset: bool = True,
         dry_run: bool = False,
         step: int | None = None,
+        allowed: Callable[[str], bool] | None = None,
     ) -> None:
         self.q = q
+        self.allowed = allowed
+        #: dead letters kept because the asker may not write their origin, by origin
+        self.refused: dict[str, int] = {}
         self.limit = limit
         self.reasons = reasons
         self.reset = reset
@@ -1136,6 +1151,10 @@ class StepwiseRedrive:
             if target is None or target is q or target.deleted or target.refuses(m):
                 self.kept += 1
                 continue
+            if self.allowed is not None and not self.allowed(target.name):
+                self.refused[target.name] = self.refused.get(target.name, 0) + 1
+                self.kept += 1
+                continue
             if self.dry_run:
                 self._qualified += 1
                 self.planned[target.name] = self.planned.get(target.name, 0) + 1
@@ -1170,6 +1189,7 @@ class PacedRedrive:
         limit: int | None = None,
         reasons: frozenset[str] | None = None,
         reset: bool = True,
+        allowed: Callable[[str], bool] | None = None,
     ) -> None:
         if rate <= 0:
             raise ValueError(f"rate must be positive, not {rate!r}")
@@ -1179,6 +1199,7 @@ class PacedRedrive:
         self.left = limit
         self.reasons = reasons
         self.reset = reset
+        self.allowed = allowed
         self.moved: dict[str, int] = {}
         self.kept = 0
         self.done = False
@@ -1194,7 +1215,9 @@ class PacedRedrive:
             self._finish()
             return
         n = self.batch if self.left is None else min(self.batch, self.left)
-        plan = plan_redrive(q, limit=n, reasons=self.reasons, exclude=self._passed)
+        plan = plan_redrive(
+            q, limit=n, reasons=self.reasons, exclude=self._passed, allowed=self.allowed
+        )
         if not plan.moves:
             self._finish()
             return

@@ -1,7 +1,8 @@
 """Management tags over every admin endpoint, with real HTTP requests (and the CLI through it).
 
 administrator: everything; monitoring: reads everything; management: reads and acts in the
-vhosts it has permissions on; no tag: no admin API. Refusals are RabbitMQ's 401
+vhosts it has permissions on, on its own connections and consumers; no tag: no admin API.
+Refusals are RabbitMQ's 401
 ``{"error": "not_authorized", "reason": ...}``.
 """
 
@@ -60,13 +61,19 @@ READS = {t for m, t, _ in REQUESTS if ENDPOINTS[m, t] == "management"}
 IN_SLASH = {t for m, t, _ in REQUESTS if ENDPOINTS[m, t] == "vhost"}
 #: closing a connection: an administrator any, a management user its own (mgmt's here)
 CLOSE = "/api/connections/{id}/close"
+#: cancelling or releasing a consumer: an administrator any, another user its own only (c1
+#: is root's here)
+OWNED = {
+    "/api/consumers/{vhost}/{queue}/{tag}/cancel",
+    "/api/consumers/{vhost}/{queue}/{tag}/release",
+}
 
 #: user -> the templates it may use (with the vhost "/" in the path)
 ALLOWED = {
     "root": {t for _, t, _ in REQUESTS},
     "mon": READS | {"/metrics"},
-    "mgmt": READS | IN_SLASH | {CLOSE},
-    "pm": READS | IN_SLASH,
+    "mgmt": READS | (IN_SLASH - OWNED) | {CLOSE},
+    "pm": READS | (IN_SLASH - OWNED),
     "elsewhere": READS,
     "app": set(),
 }
@@ -139,6 +146,8 @@ def test_tag_matrix(broker, user: str, method: str, template: str, path: str) ->
         assert status == 401, body
         assert body["error"] == "not_authorized"
         want = "Not management user" if user == "app" else REASON[template]
+        if template in OWNED and user in ("mgmt", "pm"):
+            want = "Not administrator user"  # in its vhost, but not its consumer
         assert body["reason"] == want
 
 
