@@ -434,6 +434,8 @@ class _Loader:
             max_connections=c.integer(el, "maxConnections", 0, minimum=0),
             max_connections_per_user=c.integer(el, "maxConnectionsPerUser", 0, minimum=0),
             max_queues_per_vhost=c.integer(el, "maxQueuesPerVhost", 0, minimum=0),
+            max_bindings_per_exchange=c.integer(el, "maxBindingsPerExchange", 0, minimum=0),
+            max_bindings_per_vhost=c.integer(el, "maxBindingsPerVhost", 0, minimum=0),
             login_failure_delay=delay,
             login_failure_delay_max=delay_max,
             **self._watermark(el),
