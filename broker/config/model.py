@@ -194,6 +194,8 @@ class Limits:
     partial_body_budget: int = 256 * 1024 * 1024
     #: seconds a connection may sit in the middle of a message body without sending more
     body_stall_timeout: float = 30.0
+    #: seconds a plugin hook call may hold the event loop before it is logged and counted
+    hook_budget: float = 0.1
 
     def describe(self) -> str:
         def limit(n: int) -> str:
@@ -218,7 +220,8 @@ class Limits:
             f"{format_duration(self.login_failure_delay_max)}), memoryHighWatermark {watermark}, "
             f"diskFreeLimit {format_size(self.disk_free_limit)}, partialBodyBudget "
             f"{format_size(self.partial_body_budget)}, bodyStallTimeout "
-            f"{format_duration(self.body_stall_timeout)}"
+            f"{format_duration(self.body_stall_timeout)}, hookBudget "
+            f"{format_duration(self.hook_budget)}"
         )
 
 
