@@ -779,7 +779,7 @@ def prometheus_text(api: BrokerAPI) -> str:
     family(
         "plugbroker_limit_refusals_total",
         "counter",
-        "Connections, channels and queues refused by a limit, by limit.",
+        "Connections, channels, queues and bindings refused by a limit, by limit.",
         [(f'limit="{_label(k)}"', n) for k, n in sorted(li.refusals.items())],
     )
     family(
