@@ -77,6 +77,10 @@ class Exchange:
         self.bindings: dict[tuple[int, str, tuple[tuple[str, Any], ...]], Binding] = {}
         ae = self.arguments.get("alternate-exchange")
         self.alternate: str | None = ae if isinstance(ae, str) and ae else None
+        self._init_index()
+
+    def _init_index(self) -> None:
+        """Set up the type's routing index (called at the end of ``__init__``)."""
 
     def bind(self, b: Binding) -> bool:
         """Add a binding; False when an identical one exists (binding is idempotent)."""
@@ -139,22 +143,7 @@ class DirectExchange(Exchange):
     type = "direct"
     __slots__ = ()
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(
-            name,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
+    def _init_index(self) -> None:
         self._by_key: dict[str, dict[Destination, int]] = {}
 
     def _added(self, b: Binding) -> None:
@@ -173,22 +162,7 @@ class FanoutExchange(Exchange):
     type = "fanout"
     __slots__ = ()
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(
-            name,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
+    def _init_index(self) -> None:
         self._by_key: dict[str, dict[Destination, int]] = {"": {}}
 
     def _added(self, b: Binding) -> None:
@@ -231,22 +205,7 @@ class TopicExchange(Exchange):
     __slots__ = ("_trie",)
     CACHE_MAX = 4096
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(
-            name,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
+    def _init_index(self) -> None:
         self._by_key: dict[str, tuple[Destination, ...]] = {}
         self._trie = TopicTrie()
 
@@ -293,22 +252,7 @@ class HeadersExchange(Exchange):
     type = "headers"
     __slots__ = ("_always", "_anchored")
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(
-            name,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
+    def _init_index(self) -> None:
         #: (field, value or _ANY) -> bindings anchored there (by id)
         self._anchored: dict[tuple[str, object], dict[int, Binding]] = {}
         #: ``all`` bindings that test no field
@@ -464,25 +408,10 @@ class DelayedExchange(Exchange):
     type = DELAYED_TYPE
     __slots__ = ("inner",)
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(
-            name,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
+    def _init_index(self) -> None:
         inner_type = self.arguments.get("x-delayed-type")
         cls = EXCHANGE_TYPES[inner_type] if isinstance(inner_type, str) else DirectExchange
-        self.inner: Exchange = cls(name)
+        self.inner: Exchange = cls(self.name)
 
     def _added(self, b: Binding) -> None:
         self.inner.bindings[b.key] = b

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from topicref import reference_match
 
 from plugbroker.clock import ManualClock
 from plugbroker.codec import properties as P
@@ -15,16 +16,7 @@ from plugbroker.domain.timers import Timers
 from plugbroker.domain.vhost import VirtualHost
 from plugbroker.routing import TopicTrie, normalize_pattern
 
-
-def _reference(p: list[str], k: list[str]) -> bool:
-    """The recursive definition (exponential with several ``#``; small inputs only)."""
-    if not p:
-        return not k
-    if p[0] == "#":
-        return any(_reference(p[1:], k[j:]) for j in range(len(k) + 1))
-    if not k:
-        return False
-    return (p[0] == "*" or p[0] == k[0]) and _reference(p[1:], k[1:])
+_reference = reference_match
 
 
 def _expected(patterns: dict[str, set[int]], key: str) -> set[int]:
