@@ -419,6 +419,7 @@ class PluginHost:
         whole (a failure there gives the default decision)."""
         failures = self.hook_failures
         watch = self.watch
+        timer = watch.timer
         first = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
 
         def failed(plugin: str) -> None:
@@ -455,14 +456,19 @@ class PluginHost:
             fn, argnames, plugin = plan[0]
 
             def call_one(**kwargs: Any) -> Any:
-                t0 = watch.enter(plugin, spec)
+                # HookWatch.enter and .leave, inlined: this runs several times per message
+                t0 = timer()
+                watch.current = (plugin, spec, t0)
                 try:
                     return fn(*[kwargs[n] for n in argnames])
                 except Exception:
                     failed(plugin)
                     return None
                 finally:
-                    watch.leave(plugin, spec, t0)
+                    watch.current = None
+                    took = timer() - t0
+                    if took > watch.budget > 0:
+                        watch.over(plugin, spec, took)
 
             call_one.__name__ = getattr(fn, "__name__", "hook")
             return call_one
@@ -470,14 +476,18 @@ class PluginHost:
         def call_each(**kwargs: Any) -> Any:
             results = []  # what pluggy returns: the results that are not None
             for fn, argnames, plugin in plan:
-                t0 = watch.enter(plugin, spec)
+                t0 = timer()
+                watch.current = (plugin, spec, t0)
                 try:
                     r = fn(*[kwargs[n] for n in argnames])
                 except Exception:
                     failed(plugin)
                     continue
                 finally:
-                    watch.leave(plugin, spec, t0)
+                    watch.current = None
+                    took = timer() - t0
+                    if took > watch.budget > 0:
+                        watch.over(plugin, spec, took)
                 if r is not None:
                     if first:
                         return r
