@@ -442,7 +442,7 @@ class _Loader:
             disk_free_limit=c.size(el, "diskFreeLimit", 50 * 1024 * 1024),
             partial_body_budget=c.size(el, "partialBodyBudget", 256 * 1024 * 1024, minimum=1),
             body_stall_timeout=c.duration(el, "bodyStallTimeout", 30.0),
-            hook_budget=c.duration(el, "hookBudget", 0.1),
+            hook_budget=c.duration(el, "hookBudget", 0.1, allow_zero=True),
         )
 
     def _watermark(self, el: Any) -> dict[str, Any]:
