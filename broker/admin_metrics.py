@@ -123,7 +123,7 @@ def prometheus_text(api: BrokerAPI) -> str:
     family(
         "plugbroker_limit_refusals_total",
         "counter",
-        "Connections, channels and queues refused by a limit, by limit.",
+        "Connections, channels, queues and bindings refused by a limit, by limit.",
         [(f'limit="{_label(k)}"', n) for k, n in sorted(li.refusals.items())],
     )
     family(
@@ -229,15 +229,12 @@ def prometheus_text(api: BrokerAPI) -> str:
         "Store operations that could not be written and were left out.",
         [("", f.store_records_failed)],
     )
-    family(
-        "plugbroker_hook_failures_total",
-        "counter",
-        "Notification-hook calls that raised and were contained, by plugin and hook.",
-        [
-            (f'plugin="{_label(plugin)}",hook="{_label(hook)}"', n)
-            for (plugin, hook), n in sorted(f.hook_failures.items())
-        ],
-    )
+    for name, text, counts in (
+        ("hook_failures", "Hook calls that raised and were contained", f.hook_failures),
+        ("hook_slow_calls", "Hook calls over <limits><hookBudget> on the loop", f.hook_slow_calls),
+    ):
+        rows = [(f'plugin="{_label(p)}",hook="{_label(h)}"', n) for (p, h), n in counts.items()]
+        family(f"plugbroker_{name}_total", "counter", f"{text}, by plugin and hook.", sorted(rows))
     family(
         "plugbroker_dispatch_failures_total",
         "counter",

@@ -27,6 +27,8 @@ from plugbroker.codec.ids import QUEUE_DECLARE
 from plugbroker.config.users import Permission, is_loopback
 from plugbroker.core.access import revoke_lost_access
 from plugbroker.core.api import BrokerAPI
+from plugbroker.core.policyindex import BindingPolicyIndex
+from plugbroker.domain.exchange import Binding, Exchange
 from plugbroker.domain.message import MessageIds
 from plugbroker.domain.queue import SHARED, Queue
 from plugbroker.domain.timers import Timers
@@ -43,6 +45,7 @@ from plugbroker.store import MemoryStore, Store
 
 if TYPE_CHECKING:
     from plugbroker.config import BrokerConfig
+    from plugbroker.config.model import VhostConfig
     from plugbroker.session import Connection
     from plugbroker.streaks import Streaks
 
@@ -126,6 +129,9 @@ class Broker:
             ids=self.ids,
         )
         vh.on_topology_change = self.resolve_policy
+        vh.on_binding_change = self.binding_changed
+        vh.on_limit_refused = self.refused
+        self._binding_limits(vh)
         self.vhosts[name] = vh
         vc = self.config.vhosts.get(name)
         if vc is not None:
@@ -313,6 +319,12 @@ class Broker:
                 QUEUE_DECLARE,
             )
 
+    def _binding_limits(self, vh: VirtualHost) -> None:
+        """Give ``vh`` the ``<limits>`` on bindings (they follow a reload)."""
+        lim = self.config.limits
+        vh.max_bindings_per_exchange = lim.max_bindings_per_exchange
+        vh.max_bindings_per_vhost = lim.max_bindings_per_vhost
+
     def authenticate(self, user: str, password: str, peer_host: str | None = None) -> bool:
         return self.login_refusal(user, password, peer_host) is None
 
@@ -417,26 +429,68 @@ class Broker:
         """(Re)compute the policy sections that apply to ``q`` from its name and bindings.
 
         Called on every topology change that can alter the answer: the queue's declaration, a
-        binding made or removed, a dead-letter route to it appearing or going, its first dead
-        letter. O(bindings) for the queue, O(topics x bindings) for the ``<topic>`` matches.
+        dead-letter route to it appearing or going, its first dead letter, a reload. What the
+        bindings contribute is kept in a :class:`BindingPolicyIndex` (built in
+        O(topics x bindings of the queue) under a new configuration, reused otherwise); a
+        binding made or removed goes through :meth:`binding_changed` instead.
         """
-        vc = self.config.vhosts.get(q.vhost.name)
+        vh = q.vhost
+        vc = self.config.vhosts.get(vh.name)
         if vc is None:
+            vh.policy_indexes.pop(q.name, None)
             q.policy = {}
             return
-        bindings = []
-        for ex_name, ex_type, key in q.bindings():
-            if ex_type == "x-delayed-message":
-                ex = q.vhost.exchanges.get(ex_name)
-                ex_type = getattr(getattr(ex, "inner", None), "type", ex_type)
-            bindings.append((ex_name, ex_type, key))
-        vh = q.vhost
-        if not q.dead_letter_target and vh.is_dead_letter_target(q):
+        dead_letter_target = vh.is_dead_letter_target(q)
+        if dead_letter_target and not q.dead_letter_target:
             # named as one by a queue argument (a dead-letter route reaches it) or a retry
             # queue: known as one from now on, across restarts
             q.dead_letter_target = True
             vh.save_mark(q)
-        q.policy = vc.resolve(q.name, bindings, dead_letter_target=q.dead_letter_target)
+        index = vh.policy_indexes.get(q.name)
+        if index is None or not index.holds(q, vc):
+            bindings = [
+                (b.source.name, _effective_type(b.source), b.routing_key) for b in q.bound.values()
+            ]
+            index = BindingPolicyIndex(q, vc, bindings, dead_letter_target)
+            vh.policy_indexes[q.name] = index
+        index.dead_letter_target = dead_letter_target
+        self._apply_policy(q, vc, index)
+
+    def binding_changed(self, q: Queue, b: Binding, added: bool) -> None:
+        """A binding to ``q`` was made (``added``) or removed: update what its bindings
+        contribute to its policy in O(topics), and resolve the policy again only when that
+        changed (a ``<topic>`` starts or stops matching, the queue becomes or stops being a
+        topic subscription or a dead-letter target)."""
+        vh = q.vhost
+        vc = self.config.vhosts.get(vh.name)
+        index = vh.policy_indexes.get(q.name)
+        if vc is None or index is None or not index.holds(q, vc):
+            self.resolve_policy(q)
+            return
+        src = b.source
+        changed = index.count(src.name, _effective_type(src), b.routing_key, 1 if added else -1)
+        dead_letter_target = index.dead_letter_target
+        if added:
+            dead_letter_target = dead_letter_target or vh.binding_reaches_dead_letters(b)
+            if dead_letter_target and not q.dead_letter_target:
+                q.dead_letter_target = True  # a dead-letter route reaches it: for good
+                vh.save_mark(q)
+        elif dead_letter_target and vh.binding_reaches_dead_letters(b):
+            dead_letter_target = vh.is_dead_letter_target(q)
+        if dead_letter_target != index.dead_letter_target:
+            index.dead_letter_target = dead_letter_target
+            changed = True
+        if changed:
+            self._apply_policy(q, vc, index)
+
+    def _apply_policy(self, q: Queue, vc: VhostConfig, index: BindingPolicyIndex) -> None:
+        """Put the policy ``index`` gives under ``vc`` in effect on ``q``."""
+        q.policy = vc.resolve_matched(
+            q.name,
+            index.matching(),
+            topic_bound=index.topic_bindings > 0,
+            dead_letter_target=index.dead_letter_target,
+        )
         q.view_static = None
         limit = None
         hl = self.hooks.delivery_limit
@@ -470,6 +524,8 @@ class Broker:
         old, self.config = self.config, config
         for line in revoke_lost_access(self.api, old, config):
             log.warning("reload: closed %s", line)
+        for vh in self.vhosts.values():
+            self._binding_limits(vh)
         self.resolve_all()
         for name in config.vhosts:
             if name not in self.vhosts:
@@ -602,3 +658,9 @@ class Broker:
 
 
 __all__ = ["CLOSE_TIMEOUT", "RESOURCE_ERROR", "SHARED", "Broker"]
+
+
+def _effective_type(ex: Exchange) -> str:
+    """The type ``ex`` routes as: an x-delayed-message exchange's ``x-delayed-type``."""
+    inner = getattr(ex, "inner", None)
+    return inner.type if isinstance(inner, Exchange) else ex.type

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import signal
 import sys
@@ -28,6 +27,24 @@ def _setup_logging(level: str, fmt: str = "text") -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # Until the broker has started (store recovered, listeners open) a signal only leaves a
+    # note: SIGHUP's default action would end the process (exit 129) while the modules load or
+    # the store is being recovered, and a reload then would race the start. :func:`main` sets
+    # the notes up before anything slow runs (``args.early_signals``); the loop's handlers are
+    # installed once the start is complete, and what was noted meanwhile is acted on right
+    # then, by this list, in the order of the code (no loop iterations counted).
+    noted = getattr(args, "early_signals", None)
+    early, previous = noted if noted is not None else _early_signals()
+    try:
+        return _run(args, early)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(args: argparse.Namespace, early: list[int]) -> int:
+    import asyncio
+
     from plugbroker.config import ConfigError, default_config_path
     from plugbroker.heap import freeze_start_heap, watch_collector
     from plugbroker.registry import PluginError
@@ -39,14 +56,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     except LoopError as exc:
         print(f"plugbroker: {exc}", file=sys.stderr)
         return 2
-
-    # Until the broker has started (store recovered, listeners open) a signal only leaves a
-    # note: SIGHUP's default action would end the process (exit 129) while the store is being
-    # recovered, and a reload then would race the start. The loop's handlers are installed once
-    # the start is complete; what was noted meanwhile is acted on right then, by this list, in
-    # the order of the code (no loop iterations counted).
-    early: list[int] = []
-    previous = _note_signals(early)
 
     async def main() -> int:
         from plugbroker.compiled import describe
@@ -101,12 +110,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.info("stopped")
         return 0
 
-    try:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(main())
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main())
+
+
+def _early_signals() -> tuple[list[int], dict[int, Any]]:
+    """Start noting SIGHUP, SIGTERM and SIGINT: the list they are noted in, and the handlers
+    they had."""
+    early: list[int] = []
+    return early, _note_signals(early)
+
+
+def _runs_the_broker(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` asks for ``plugbroker run`` (its first positional word, past the
+    top-level options and their values)."""
+    takes_value = {"--log-level", "--log-format"}
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in takes_value:
+            skip = True
+        elif not word.startswith("-"):
+            return word == "run"
+    return False
 
 
 def _note_signals(early: list[int]) -> dict[int, Any]:
@@ -518,7 +545,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    # before the parser and the broker's modules load: a SIGHUP in the first moments of a
+    # start only leaves a note (see cmd_run)
+    noted = _early_signals() if _runs_the_broker(words) else None
+    args = build_parser().parse_args(words)
+    args.early_signals = noted
     _setup_logging(args.log_level, args.log_format)
     return int(args.func(args))
 

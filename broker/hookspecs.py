@@ -662,8 +662,9 @@ def broker_delivery_limit(vhost: str, queue: str) -> int | None:
         ``delivery_limit`` instead. ``None`` for no limit (or the ``x-delivery-limit`` queue
         argument when the client gave one).
 
-    Called on the loop when a queue's policy is resolved (declare, bind, unbind, reload), not
-    per message. firstresult: the first non-``None`` result is used.
+    Called on the loop when a queue's policy is resolved (its declaration, a reload, a bind or
+    unbind that changes which sections reach it), not per message. firstresult: the first
+    non-``None`` result is used; one that raises counts as no answer.
     """
 
 

@@ -46,6 +46,7 @@ import pluggy
 
 from plugbroker import hookspecs
 from plugbroker.hookimpl import PROJECT_NAME
+from plugbroker.hookwatch import HookWatch
 from plugbroker.registry import PluginError, Registry, unknown_policy_message
 
 if TYPE_CHECKING:
@@ -73,17 +74,11 @@ BLOCK_ENV = "PLUGBROKER_BLOCK_PLUGINS"
 
 _PREFIX = "broker_"
 
-#: Notification hooks called while the broker serves clients (a message, a consumer, a queue
-#: or a connection changed, a resource alarm was raised or cleared): an exception in one is
-#: contained (see ``PluginHost._contained``), never propagated into the delivery, settle, close
-#: or alarm that fired it.
-CONTAINED_PREFIXES: tuple[str, ...] = (
-    "broker_connection_",
-    "broker_queue_",
-    "broker_consumer_",
-    "broker_message_",
-    "broker_alarm_",
-)
+#: Hooks that run before the broker serves anyone (they build and read the configuration): an
+#: exception in one stops the start. Every other hook is contained (see ``PluginHost._contained``):
+#: an exception is logged and counted, never propagated into the delivery, settle, declare, close
+#: or alarm that fired it, and a decision hook's failing implementation counts as no answer.
+START_HOOKS: frozenset[str] = frozenset({"broker_add_config_elements", "broker_configure"})
 
 #: Hooks the host calls itself instead of exposing an attribute for the core.
 HOST_CALLED_HOOKS: frozenset[str] = frozenset({"broker_register"})
@@ -161,14 +156,16 @@ class PluginHost:
     dead_letter_target: HookCaller | None
     policy_action: HookCaller | None
 
-    def __init__(self, *, blocked: Iterable[str] = ()) -> None:
+    def __init__(self, *, blocked: Iterable[str] = (), watch: HookWatch | None = None) -> None:
         self._pm = pluggy.PluginManager(PROJECT_NAME)
+        #: times every contained hook call against ``<limits><hookBudget>``
+        self.watch = watch if watch is not None else HookWatch()
         self._pm.add_hookspecs(hookspecs)
         env = os.environ.get(BLOCK_ENV, "")
         self._blocked = frozenset(n.strip() for n in (*blocked, *env.split(",")) if n and n.strip())
         #: policies and jobs registered by the plugins' ``broker_register``
         self.registry = Registry()
-        #: (plugin, hook) -> how many times a contained notification hook raised
+        #: (plugin, hook) -> how many times a contained hook implementation raised
         self.hook_failures: dict[tuple[str, str], int] = {}
         self._refresh()
 
@@ -405,7 +402,7 @@ class PluginHost:
             impls = caller.get_hookimpls()
             if not impls:
                 setattr(self, attr, None)
-            elif spec.startswith(CONTAINED_PREFIXES):
+            elif spec not in START_HOOKS:
                 setattr(self, attr, self._contained(spec, caller, impls))
             elif len(impls) == 1 and not (impls[0].hookwrapper or impls[0].wrapper):
                 setattr(self, attr, _direct(impls[0]))
@@ -413,11 +410,18 @@ class PluginHost:
                 setattr(self, attr, caller)
 
     def _contained(self, spec: str, caller: HookCaller, impls: Sequence[Any]) -> Any:
-        """A notification hook whose implementations cannot hurt the broker: an exception in
-        one is logged (once per plugin and hook, with its traceback; later ones are counted in
-        :attr:`hook_failures`) and the other implementations still run. Wrappers keep pluggy,
-        contained as a whole."""
+        """A hook whose implementations cannot hurt the broker.
+
+        An exception in one is logged (once per plugin and hook, with its traceback; later ones
+        are counted in :attr:`hook_failures`) and the other implementations still run; in a
+        firstresult (decision) hook a failing implementation counts as no answer, so the next
+        one decides, or the broker's default when none does. Every call is timed by
+        :attr:`watch` (the hook watchdog). Wrappers keep pluggy, contained and timed as a
+        whole (a failure there gives the default decision)."""
         failures = self.hook_failures
+        watch = self.watch
+        timer = watch.timer
+        first = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
 
         def failed(plugin: str) -> None:
             key = (plugin, spec)
@@ -425,21 +429,25 @@ class PluginHost:
             failures[key] = n
             if n == 1:
                 log.exception(
-                    "plugin %r: its %s hook raised; the broker carries on without it (further "
+                    "plugin %r: its %s hook raised; the broker carries on without it%s (further "
                     "failures of this hook are counted, not logged)",
                     plugin,
                     spec,
+                    " and takes the default decision" if first else "",
                 )
 
         if any(i.hookwrapper or i.wrapper for i in impls):
             names = ", ".join(sorted({i.plugin_name for i in impls}))
 
             def call_pluggy(**kwargs: Any) -> Any:
+                t0 = watch.enter(names, spec)
                 try:
                     return caller(**kwargs)
                 except Exception:
                     failed(names)
-                    return []
+                    return None if first else []
+                finally:
+                    watch.leave(names, spec, t0)
 
             call_pluggy.caller = caller  # type: ignore[attr-defined]  # pluggy stays in charge
             return call_pluggy
@@ -449,26 +457,43 @@ class PluginHost:
             fn, argnames, plugin = plan[0]
 
             def call_one(**kwargs: Any) -> Any:
+                # HookWatch.enter and .leave, inlined: this runs several times per message
+                t0 = timer()
+                watch.current = (plugin, spec, t0)
                 try:
                     return fn(*[kwargs[n] for n in argnames])
                 except Exception:
                     failed(plugin)
                     return None
+                finally:
+                    watch.current = None
+                    took = timer() - t0
+                    if took > watch.budget > 0:
+                        watch.over(plugin, spec, took)
 
             call_one.__name__ = getattr(fn, "__name__", "hook")
             return call_one
 
-        def call_each(**kwargs: Any) -> list[Any]:
+        def call_each(**kwargs: Any) -> Any:
             results = []  # what pluggy returns: the results that are not None
             for fn, argnames, plugin in plan:
+                t0 = timer()
+                watch.current = (plugin, spec, t0)
                 try:
                     r = fn(*[kwargs[n] for n in argnames])
                 except Exception:
                     failed(plugin)
                     continue
+                finally:
+                    watch.current = None
+                    took = timer() - t0
+                    if took > watch.budget > 0:
+                        watch.over(plugin, spec, took)
                 if r is not None:
+                    if first:
+                        return r
                     results.append(r)
-            return results
+            return None if first else results
 
         return call_each
 

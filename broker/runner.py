@@ -152,6 +152,9 @@ class Running:
         h = getattr(self.plugins, "shutdown", None)
         if h is not None:
             h(broker=self.broker.api)
+        watch = getattr(self.plugins, "watch", None)
+        if watch is not None:
+            watch.stop()
         self.broker.store.close()
 
     def reload(self, path: Path | None = None) -> bool:
@@ -184,6 +187,9 @@ class Running:
         """Put a validated configuration in effect (on the loop)."""
         self.config = cfg
         warn_plain_passwords(cfg)
+        watch = getattr(self.plugins, "watch", None)
+        if watch is not None:
+            watch.budget = cfg.limits.hook_budget
         self.broker.reload(cfg)
         if self.admin is not None:
             self.admin.allowed_hosts = frozenset(cfg.admin_allowed_hosts)
@@ -231,6 +237,7 @@ async def start_broker(
     if plugins.configure is not None:
         plugins.configure(config=config)
     plugins.verify_policies(config)
+    plugins.watch.budget = config.limits.hook_budget
     warn_plain_passwords(config)
     # certificates load before the store opens: a file that does not load stops the start here
     tls = tls_listener(config)
@@ -248,6 +255,7 @@ async def start_broker(
     )
     await server.start()
     running = Running(b, server, config, plugins, extras={"config_registry": registry})
+    plugins.watch.start()
     if plugins.startup is not None:
         plugins.startup(broker=b.api)
     b.resolve_all()  # plugins' policy decisions (e.g. delivery limits) for existing queues

@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import random
 
+from topicref import reference_match
+
 from plugbroker.routing import match_words, topic_words_match
 
-
-def _reference(p: list[str], k: list[str]) -> bool:
-    """The textbook recursive definition (exponential with several ``#``; small inputs only)."""
-    if not p:
-        return not k
-    if p[0] == "#":
-        return any(_reference(p[1:], k[j:]) for j in range(len(k) + 1))
-    if not k:
-        return False
-    return (p[0] == "*" or p[0] == k[0]) and _reference(p[1:], k[1:])
+_reference = reference_match
 
 
 def test_topic_matching_agrees_with_the_definition() -> None:

@@ -438,12 +438,15 @@ class _Loader:
             max_connections=c.integer(el, "maxConnections", 0, minimum=0),
             max_connections_per_user=c.integer(el, "maxConnectionsPerUser", 0, minimum=0),
             max_queues_per_vhost=c.integer(el, "maxQueuesPerVhost", 0, minimum=0),
+            max_bindings_per_exchange=c.integer(el, "maxBindingsPerExchange", 0, minimum=0),
+            max_bindings_per_vhost=c.integer(el, "maxBindingsPerVhost", 0, minimum=0),
             login_failure_delay=delay,
             login_failure_delay_max=delay_max,
             **self._watermark(el),
             disk_free_limit=c.size(el, "diskFreeLimit", 50 * 1024 * 1024),
             partial_body_budget=c.size(el, "partialBodyBudget", 256 * 1024 * 1024, minimum=1),
             body_stall_timeout=c.duration(el, "bodyStallTimeout", 30.0),
+            hook_budget=c.duration(el, "hookBudget", 0.1, allow_zero=True),
         )
 
     def _watermark(self, el: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ in only when the whole file is valid; a failed reload leaves the running one alo
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -175,6 +175,10 @@ class Limits:
     max_connections_per_user: int = 0
     #: queues one virtual host may hold (0: no limit), RabbitMQ's vhost max-queues
     max_queues_per_vhost: int = 0
+    #: bindings one exchange may have as their source (0: no limit)
+    max_bindings_per_exchange: int = 0
+    #: bindings one virtual host may hold (0: no limit)
+    max_bindings_per_vhost: int = 0
     #: seconds the answer to the first failed login from a peer address is delayed; each
     #: further failure from that address doubles it, up to :attr:`login_failure_delay_max`
     #: (0 disables the throttle)
@@ -190,6 +194,8 @@ class Limits:
     partial_body_budget: int = 256 * 1024 * 1024
     #: seconds a connection may sit in the middle of a message body without sending more
     body_stall_timeout: float = 30.0
+    #: seconds a plugin hook call may hold the event loop before it is logged and counted
+    hook_budget: float = 0.1
 
     def describe(self) -> str:
         def limit(n: int) -> str:
@@ -207,12 +213,15 @@ class Limits:
             f"{format_size(self.max_message_size)}, maxConnections "
             f"{limit(self.max_connections)}, maxConnectionsPerUser "
             f"{limit(self.max_connections_per_user)}, maxQueuesPerVhost "
-            f"{limit(self.max_queues_per_vhost)}, loginFailureDelay "
+            f"{limit(self.max_queues_per_vhost)}, maxBindingsPerExchange "
+            f"{limit(self.max_bindings_per_exchange)}, maxBindingsPerVhost "
+            f"{limit(self.max_bindings_per_vhost)}, loginFailureDelay "
             f"{format_duration(self.login_failure_delay)} (max "
             f"{format_duration(self.login_failure_delay_max)}), memoryHighWatermark {watermark}, "
             f"diskFreeLimit {format_size(self.disk_free_limit)}, partialBodyBudget "
             f"{format_size(self.partial_body_budget)}, bodyStallTimeout "
-            f"{format_duration(self.body_stall_timeout)}"
+            f"{format_duration(self.body_stall_timeout)}, hookBudget "
+            f"{format_duration(self.hook_budget)}"
         )
 
 
@@ -502,8 +511,27 @@ class VhostConfig:
         ``<queue name>`` it always reaches that queue.
         """
         blist = tuple(bindings)
-        qc = self.queues.get(queue_name)
         matching = [t for t in self.topics if t.matches_any(blist)] if blist else []
+        return self.resolve_matched(
+            queue_name,
+            matching,
+            topic_bound=any(t == "topic" for _, t, _ in blist),
+            dead_letter_target=dead_letter_target,
+        )
+
+    def resolve_matched(
+        self,
+        queue_name: str,
+        matching: Sequence[TopicConfig],
+        *,
+        topic_bound: bool,
+        dead_letter_target: bool = False,
+    ) -> ResolvedPolicy:
+        """:meth:`resolve` from what the bindings were found to contribute: the ``<topic>``
+        elements they match (in document order) and whether one is to a topic exchange. The
+        broker keeps both up to date as bindings come and go, so a bind costs O(topics), not
+        O(topics x bindings of the queue)."""
+        qc = self.queues.get(queue_name)
         names: dict[str, None] = {}
         if qc is not None:
             names.update(dict.fromkeys(qc.sections))
@@ -512,7 +540,7 @@ class VhostConfig:
         names.update(dict.fromkeys(self.defaults))
         items: dict[str, object] = {}
         source: dict[str, str] = {}
-        subscription = not dead_letter_target and any(t == "topic" for _, t, _ in blist)
+        subscription = not dead_letter_target and topic_bound
         for name in names:
             if qc is not None and name in qc.sections:
                 items[name], source[name] = qc.sections[name], f"queue {qc.name}"

@@ -195,8 +195,10 @@ class FailureInfo:
     #: store operations that could not be written and were left out (the sqlite store's
     #: ``records_failed``; 0 for a store that keeps nothing)
     store_records_failed: int
-    #: notification-hook implementations that raised, by (plugin, hook)
+    #: hook implementations that raised, by (plugin, hook)
     hook_failures: Mapping[tuple[str, str], int]
+    #: hook calls that held the loop longer than ``<limits><hookBudget>``, by (plugin, hook)
+    hook_slow_calls: Mapping[tuple[str, str], int]
     #: queue dispatches that raised, by (vhost, queue)
     dispatch_failures: Mapping[tuple[str, str], int]
 
@@ -392,9 +394,11 @@ class BrokerAPI:
         """The contained failures: store records left out, hook and dispatch exceptions
         (O(plugins x hooks + queues that failed))."""
         hooks = getattr(self._b.hooks, "hook_failures", None)
+        slow = getattr(getattr(self._b.hooks, "watch", None), "slow_calls", None)
         return FailureInfo(
             store_records_failed=int(getattr(self._b.store, "records_failed", 0)),
             hook_failures=MappingProxyType(dict(hooks) if isinstance(hooks, dict) else {}),
+            hook_slow_calls=MappingProxyType(dict(slow) if isinstance(slow, dict) else {}),
             dispatch_failures=MappingProxyType(dict(self._b.dispatch_failures)),
         )
 

@@ -198,7 +198,7 @@ class _Recovery:
                 self.store.discard(rec)
                 continue
             try:
-                vh.bind(src, dst, rec.routing_key, rec.arguments)
+                vh.bind(src, dst, rec.routing_key, rec.arguments, limited=False)
                 self.stats.bindings += 1
             except AMQPError as exc:
                 log.warning(

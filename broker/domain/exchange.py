@@ -8,8 +8,9 @@ duplicates.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Union, cast
 
+from plugbroker.routing import TopicTrie
 from plugbroker.routing import match_words as _match_words
 
 if TYPE_CHECKING:
@@ -76,6 +77,10 @@ class Exchange:
         self.bindings: dict[tuple[int, str, tuple[tuple[str, Any], ...]], Binding] = {}
         ae = self.arguments.get("alternate-exchange")
         self.alternate: str | None = ae if isinstance(ae, str) and ae else None
+        self._init_index()
+
+    def _init_index(self) -> None:
+        """Set up the type's routing index (called at the end of ``__init__``)."""
 
     def bind(self, b: Binding) -> bool:
         """Add a binding; False when an identical one exists (binding is idempotent)."""
@@ -138,33 +143,16 @@ class DirectExchange(Exchange):
     type = "direct"
     __slots__ = ()
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(
-            name,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
-        self._by_key: dict[str, list[Destination]] = {}
+    def _init_index(self) -> None:
+        self._by_key: dict[str, dict[Destination, int]] = {}
 
     def _added(self, b: Binding) -> None:
-        self._by_key.setdefault(b.routing_key, []).append(b.destination)
+        _hold(self._by_key.setdefault(b.routing_key, {}), b.destination)
 
     def _removed(self, b: Binding) -> None:
         dests = self._by_key.get(b.routing_key)
-        if dests is not None:
-            dests.remove(b.destination)
-            if not dests:
-                del self._by_key[b.routing_key]
+        if dests is not None and not _release(dests, b.destination):
+            del self._by_key[b.routing_key]
 
     def route(self, msg: Message) -> Iterable[Destination]:
         return self._by_key.get(msg.routing_key, ())
@@ -174,32 +162,33 @@ class FanoutExchange(Exchange):
     type = "fanout"
     __slots__ = ()
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(
-            name,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
-        self._by_key: dict[str, list[Destination]] = {"": []}
+    def _init_index(self) -> None:
+        self._by_key: dict[str, dict[Destination, int]] = {"": {}}
 
     def _added(self, b: Binding) -> None:
-        self._by_key[""].append(b.destination)
+        _hold(self._by_key[""], b.destination)
 
     def _removed(self, b: Binding) -> None:
-        self._by_key[""].remove(b.destination)
+        _release(self._by_key[""], b.destination)
 
     def route(self, msg: Message) -> Iterable[Destination]:
         return self._by_key[""]
+
+
+def _hold(dests: dict[Destination, int], d: Destination) -> None:
+    """Count one more binding to ``d`` (a destination is routed to once, however many of its
+    bindings match; the count says when the last one goes)."""
+    dests[d] = dests.get(d, 0) + 1
+
+
+def _release(dests: dict[Destination, int], d: Destination) -> bool:
+    """Count one binding to ``d`` less; False when ``dests`` is left empty."""
+    n = dests.get(d, 0)
+    if n > 1:
+        dests[d] = n - 1
+    else:
+        dests.pop(d, None)
+    return bool(dests)
 
 
 def topic_matches(pattern: str, routing_key: str) -> bool:
@@ -208,67 +197,139 @@ def topic_matches(pattern: str, routing_key: str) -> bool:
 
 
 class TopicExchange(Exchange):
-    """Topic routing with a per-routing-key result cache, cleared when bindings change."""
+    """Topic routing through a :class:`~plugbroker.routing.TopicTrie` of the binding keys (time
+    bounded by the routing key, not the number of bindings), with a per-routing-key result cache
+    cleared when bindings change."""
 
     type = "topic"
-    __slots__ = ()
+    __slots__ = ("_trie",)
     CACHE_MAX = 4096
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(
-            name,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
+    def _init_index(self) -> None:
         self._by_key: dict[str, tuple[Destination, ...]] = {}
+        self._trie = TopicTrie()
 
     def _added(self, b: Binding) -> None:
-        self._by_key.clear()
+        self._trie.add(b.routing_key, b.destination)
+        if self._by_key:
+            self._by_key = {}
 
     def _removed(self, b: Binding) -> None:
-        self._by_key.clear()
+        self._trie.remove(b.routing_key, b.destination)
+        if self._by_key:
+            self._by_key = {}
+
+    @property
+    def last_steps(self) -> int:
+        """Trie nodes visited by the last uncached route (tests and benchmarks)."""
+        return self._trie.steps
 
     def route(self, msg: Message) -> Iterable[Destination]:
         key = msg.routing_key
         hit = self._by_key.get(key)
         if hit is not None:
             return hit
-        words = key.split(".")
-        out: list[Destination] = []
-        for b in self.bindings.values():
-            if _match_words(b.routing_key.split("."), 0, words, 0) and b.destination not in out:
-                out.append(b.destination)
-        result = tuple(out)
+        result = tuple(cast("list[Destination]", self._trie.match(key)))
         if len(self._by_key) >= self.CACHE_MAX:
-            self._by_key.clear()
+            self._by_key = {}
         self._by_key[key] = result
         return result
 
 
+#: the anchor of a headers binding that names a field without a value (any value matches)
+_ANY = object()
+
+
 class HeadersExchange(Exchange):
     """Routes on message headers; binding argument ``x-match`` is all (default), any,
-    all-with-x or any-with-x, as in RabbitMQ."""
+    all-with-x or any-with-x, as in RabbitMQ.
+
+    Bindings are indexed by the fields they test, so a message is checked only against the
+    bindings that share a field (and, where the binding gives one, its value) with its headers:
+    an ``all`` binding under one of its fields, an ``any`` binding under each. An ``all``
+    binding that tests no field matches every message and is kept apart."""
 
     type = "headers"
-    __slots__ = ()
+    __slots__ = ("_always", "_anchored")
+
+    def _init_index(self) -> None:
+        #: (field, value or _ANY) -> bindings anchored there (by id)
+        self._anchored: dict[tuple[str, object], dict[int, Binding]] = {}
+        #: ``all`` bindings that test no field
+        self._always: dict[int, Binding] = {}
+
+    def _added(self, b: Binding) -> None:
+        anchors = _anchors(b.arguments)
+        if anchors is None:
+            self._always[id(b)] = b
+        for a in anchors or ():
+            self._anchored.setdefault(a, {})[id(b)] = b
+
+    def _removed(self, b: Binding) -> None:
+        self._always.pop(id(b), None)
+        for a in _anchors(b.arguments) or ():
+            held = self._anchored.get(a)
+            if held is not None:
+                held.pop(id(b), None)
+                if not held:
+                    del self._anchored[a]
 
     def route(self, msg: Message) -> Iterable[Destination]:
         headers = msg.headers
-        out: list[Destination] = []
-        for b in self.bindings.values():
-            if b.destination not in out and headers_match(b.arguments, headers):
-                out.append(b.destination)
-        return out
+        out: list[Destination] = [b.destination for b in self._always.values()]
+        if not self._anchored:
+            return list(dict.fromkeys(out))
+        seen: set[int] = set()
+        anchored = self._anchored
+        for k, v in headers.items():
+            for a in ((k, _ANY), (k, _hashable(v))):
+                held = anchored.get(a)
+                if held is None:
+                    continue
+                for bid, b in held.items():
+                    if bid not in seen:
+                        seen.add(bid)
+                        if headers_match(b.arguments, headers):
+                            out.append(b.destination)
+        return list(dict.fromkeys(out))
+
+
+def _hashable(v: Any) -> object:
+    """``v`` as an index key: itself when hashable, else a marker no anchor uses."""
+    try:
+        hash(v)
+    except TypeError:
+        return _ANY_UNHASHABLE
+    return cast(object, v)
+
+
+_ANY_UNHASHABLE = object()
+
+
+def _anchors(args: dict[str, Any]) -> list[tuple[str, object]] | None:
+    """Where a headers binding is indexed: ``[]`` never matches, None always matches.
+
+    A field the binding tests with a value is anchored under (field, value) when the value is
+    hashable, else under (field, _ANY); a field tested for presence under (field, _ANY). An
+    ``all`` binding needs one of its fields (any will do: a message lacking it cannot match);
+    an ``any`` binding needs every one."""
+    mode = args.get("x-match", "all")
+    with_x = mode in ("all-with-x", "any-with-x")
+    want_all = mode in ("all", "all-with-x")
+    anchors: list[tuple[str, object]] = []
+    for k, v in args.items():
+        if k == "x-match" or (k.startswith("x-") and not with_x):
+            continue
+        if v is None or v == "":
+            anchors.append((k, _ANY))
+        else:
+            h = _hashable(v)
+            anchors.append((k, _ANY if h is _ANY_UNHASHABLE else h))
+        if want_all:
+            return anchors
+    if not anchors:
+        return None if want_all else []
+    return anchors
 
 
 def headers_match(binding_args: dict[str, Any], headers: dict[str, Any]) -> bool:
@@ -347,25 +408,10 @@ class DelayedExchange(Exchange):
     type = DELAYED_TYPE
     __slots__ = ("inner",)
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(
-            name,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
+    def _init_index(self) -> None:
         inner_type = self.arguments.get("x-delayed-type")
         cls = EXCHANGE_TYPES[inner_type] if isinstance(inner_type, str) else DirectExchange
-        self.inner: Exchange = cls(name)
+        self.inner: Exchange = cls(self.name)
 
     def _added(self, b: Binding) -> None:
         self.inner.bindings[b.key] = b

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from plugbroker.codec.ids import (
+    EXCHANGE_BIND,
     EXCHANGE_DECLARE,
     EXCHANGE_DELETE,
     QUEUE_BIND,
@@ -33,9 +34,9 @@ from plugbroker.domain.queue import (
     EXCLUSIVE,
     FAILOVER,
     SHARED,
-    SUBSCRIPTION_TYPES,
     Queue,
 )
+from plugbroker.domain.queueargs import queue_options
 from plugbroker.errors import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -59,136 +60,6 @@ class NoHooks:
 
     def __getattr__(self, name: str) -> Any:  # None; Any for mypyc (a None return breaks it)
         return None
-
-
-def _int_arg(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ChannelError(
-            PRECONDITION_FAILED,
-            f"invalid arg '{name}' for queue: {value!r} is not an integer",
-            QUEUE_DECLARE,
-        )
-    if value < minimum or (maximum is not None and value > maximum):
-        hi = f" and {maximum}" if maximum is not None else ""
-        raise ChannelError(
-            PRECONDITION_FAILED,
-            f"invalid arg '{name}' for queue: {value} is not between {minimum}{hi}"
-            if maximum is not None
-            else f"invalid arg '{name}' for queue: {value} is below {minimum}",
-            QUEUE_DECLARE,
-        )
-    return value
-
-
-def queue_options(args: dict[str, Any]) -> dict[str, Any]:
-    """Validate the ``x-`` queue arguments and turn them into :class:`Queue` keyword options.
-
-    Unknown arguments are kept (and compared on redeclare) but ignored, as in RabbitMQ.
-    """
-    opts: dict[str, Any] = {}
-    if "x-message-ttl" in args:
-        opts["message_ttl"] = _int_arg("x-message-ttl", args["x-message-ttl"])
-    if "x-expires" in args:
-        opts["expires"] = _int_arg("x-expires", args["x-expires"], minimum=1)
-    if "x-max-length" in args:
-        opts["max_length"] = _int_arg("x-max-length", args["x-max-length"])
-    if "x-max-length-bytes" in args:
-        opts["max_length_bytes"] = _int_arg("x-max-length-bytes", args["x-max-length-bytes"])
-    if "x-overflow" in args:
-        ov = args["x-overflow"]
-        if ov not in ("drop-head", "reject-publish", "reject-publish-dlx"):
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-overflow' for queue: {ov!r} is not drop-head, "
-                "reject-publish or reject-publish-dlx",
-                QUEUE_DECLARE,
-            )
-        opts["overflow"] = ov
-    if "x-max-priority" in args:
-        opts["max_priority"] = _int_arg("x-max-priority", args["x-max-priority"], maximum=255)
-    if "x-dead-letter-exchange" in args:
-        dlx = args["x-dead-letter-exchange"]
-        if not isinstance(dlx, str):
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                "invalid arg 'x-dead-letter-exchange' for queue: not a string",
-                QUEUE_DECLARE,
-            )
-        opts["dlx"] = dlx
-    if "x-dead-letter-routing-key" in args:
-        rk = args["x-dead-letter-routing-key"]
-        if not isinstance(rk, str):
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                "invalid arg 'x-dead-letter-routing-key' for queue: not a string",
-                QUEUE_DECLARE,
-            )
-        if "x-dead-letter-exchange" not in args:
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                "invalid arg 'x-dead-letter-routing-key' for queue: it needs "
-                "x-dead-letter-exchange",
-                QUEUE_DECLARE,
-            )
-        opts["dlx_routing_key"] = rk
-    stype = args.get("x-subscription-type")
-    if stype is not None:
-        if stype not in SUBSCRIPTION_TYPES:
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-subscription-type' for queue: {stype!r} is not "
-                f"one of {', '.join(SUBSCRIPTION_TYPES)}",
-                QUEUE_DECLARE,
-            )
-        opts["subscription_type"] = stype
-    sac = args.get("x-single-active-consumer")
-    if sac is not None:
-        if not isinstance(sac, bool):
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                "invalid arg 'x-single-active-consumer' for queue: not a boolean",
-                QUEUE_DECLARE,
-            )
-        if sac:
-            if stype not in (None, FAILOVER):
-                raise ChannelError(
-                    PRECONDITION_FAILED,
-                    f"x-single-active-consumer conflicts with x-subscription-type {stype!r}",
-                    QUEUE_DECLARE,
-                )
-            opts["subscription_type"] = FAILOVER
-    if "x-delivery-limit" in args:
-        opts["delivery_limit"] = _int_arg("x-delivery-limit", args["x-delivery-limit"])
-    if "x-retry-target" in args:
-        target = args["x-retry-target"]
-        if not isinstance(target, str) or not target:
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                "invalid arg 'x-retry-target' for queue: not a queue name",
-                QUEUE_DECLARE,
-            )
-        opts["retry_target"] = target
-    if "x-retry-levels" in args:
-        levels = args["x-retry-levels"]
-        if (
-            not isinstance(levels, list)
-            or not levels
-            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in levels)
-        ):
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                "invalid arg 'x-retry-levels' for queue: a list of delays in ms",
-                QUEUE_DECLARE,
-            )
-        opts["retry_levels"] = tuple(x / 1000.0 for x in levels)
-    qtype = args.get("x-queue-type")
-    if qtype is not None and qtype not in ("classic", "quorum"):
-        raise ChannelError(
-            PRECONDITION_FAILED,
-            f"invalid arg 'x-queue-type' for queue: {qtype!r} is not classic or quorum",
-            QUEUE_DECLARE,
-        )
-    return opts
 
 
 class VirtualHost:
@@ -216,6 +87,17 @@ class VirtualHost:
         self._mark_dirty = mark_dirty
         #: called with a queue whose bindings or declaration changed (policy re-resolution)
         self.on_topology_change: Callable[[Queue], None] | None = None
+        #: called instead, when set, with a queue, the binding made or removed and whether it
+        #: was made: the broker updates the queue's policy from that one binding
+        self.on_binding_change: Callable[[Queue, Binding, bool], None] | None = None
+        #: bindings held in this vhost, and the caps a client's bind is held to (0: none);
+        #: ``on_limit_refused`` is told the limit's name when one refuses a bind
+        self.binding_count = 0
+        self.max_bindings_per_exchange = 0
+        self.max_bindings_per_vhost = 0
+        self.on_limit_refused: Callable[[str], None] | None = None
+        #: what each queue's bindings contribute to its policy, by queue name (the broker's)
+        self.policy_indexes: dict[str, Any] = {}
         self.default_exchange = DirectExchange("", durable=True)
         self.exchanges[""] = self.default_exchange
         for ename, etype in STANDARD_EXCHANGES:
@@ -506,6 +388,7 @@ class VirtualHost:
         q.deleted = True
         count = q.ready_count
         self.queues.pop(q.name, None)
+        self.policy_indexes.pop(q.name, None)
         if q.dlx is not None:
             self._dead_letter_route(q, -1)
         if q.retry_target is not None and self._retry_queues.get(q.retry_target) is q:
@@ -557,11 +440,15 @@ class VirtualHost:
         direct = routes.get("")
         if direct and q.name in direct:
             return True
-        for b in q.bound.values():
-            keys = routes.get(b.source.name)
-            if keys and _route_reaches(b, keys):
-                return True
-        return False
+        return any(self.binding_reaches_dead_letters(b) for b in q.bound.values())
+
+    def binding_reaches_dead_letters(self, b: Binding) -> bool:
+        """Whether binding ``b`` can receive what a queue of this vhost dead-letters through its
+        ``x-dead-letter-exchange`` (one binding's part of :meth:`is_dead_letter_target`)."""
+        keys = self.dead_letter_routes.get(b.source.name)
+        if not keys:
+            return False
+        return _route_reaches(b, keys)
 
     def mark_dead_letter_target(self, q: Queue) -> None:
         """``q`` is a dead-letter or retry target from now on (a dead letter was routed to it,
@@ -601,34 +488,72 @@ class VirtualHost:
             return
         ex = self.exchanges.get(q.dlx)
         if ex is not None:
-            for b in list(ex.bindings.values()):
-                dest = b.destination
+            # each queue once, however many bindings it has to that exchange
+            dests = dict.fromkeys(b.destination for b in ex.bindings.values())
+            for dest in dests:
                 if isinstance(dest, Queue) and dest is not q and not dest.deleted:
                     self.on_topology_change(dest)
 
     # ----------------------------------------------------------------- bindings
 
     def bind(
-        self, source: Exchange, dest: Queue | Exchange, routing_key: str, arguments: dict[str, Any]
+        self,
+        source: Exchange,
+        dest: Queue | Exchange,
+        routing_key: str,
+        arguments: dict[str, Any],
+        *,
+        limited: bool = True,
     ) -> None:
+        """Bind ``dest`` to ``source`` (idempotent). ``limited``: a new binding past
+        ``max_bindings_per_exchange`` or ``max_bindings_per_vhost`` is refused with 406 (a
+        client's or the admin API's bind; recovery from the store is not limited)."""
         if source is self.default_exchange:
             raise ChannelError(
                 ACCESS_REFUSED, "operation not permitted on the default exchange", QUEUE_BIND
             )
         b = Binding(source, dest, routing_key, arguments)
-        if not source.bind(b):
+        if b.key in source.bindings:
             return
+        if limited:
+            self._check_binding_limits(source, dest)
+        source.bind(b)
+        self.binding_count += 1
         if self.store.durable and source.durable and dest.durable:
             kind = "queue" if isinstance(dest, Queue) else "exchange"
             self.store.save_binding(self.name, source.name, kind, dest.name, routing_key, arguments)
         if isinstance(dest, Queue):
             dest.bound[id(b)] = b
             dest.view_static = None
-            if self.on_topology_change is not None:
+            if self.on_binding_change is not None:
+                self.on_binding_change(dest, b, True)
+            elif self.on_topology_change is not None:
                 self.on_topology_change(dest)
             h = self.hooks.queue_bound
             if h is not None:
                 h(vhost=self.name, queue=dest.name, exchange=source.name, routing_key=routing_key)
+
+    def _check_binding_limits(self, source: Exchange, dest: Queue | Exchange) -> None:
+        per_exchange = self.max_bindings_per_exchange
+        per_vhost = self.max_bindings_per_vhost
+        if per_exchange and len(source.bindings) >= per_exchange:
+            limit = "maxBindingsPerExchange"
+            why = (
+                f"binding limit of exchange '{source.name}' in vhost '{self.name}' ({per_exchange})"
+            )
+        elif per_vhost and self.binding_count >= per_vhost:
+            limit = "maxBindingsPerVhost"
+            why = f"binding limit in vhost '{self.name}' ({per_vhost})"
+        else:
+            return
+        if self.on_limit_refused is not None:
+            self.on_limit_refused(limit)
+        kind = "queue" if isinstance(dest, Queue) else "exchange"
+        raise ChannelError(
+            PRECONDITION_FAILED,
+            f"cannot bind {kind} '{dest.name}' to exchange '{source.name}': {why} is reached",
+            QUEUE_BIND if isinstance(dest, Queue) else EXCHANGE_BIND,
+        )
 
     def unbind(
         self, source: Exchange, dest: Queue | Exchange, routing_key: str, arguments: dict[str, Any]
@@ -643,6 +568,7 @@ class VirtualHost:
 
     def _binding_gone(self, b: Binding, notify_queue: bool = True) -> None:
         dest = b.destination
+        self.binding_count -= 1
         if self.store.durable and b.source.durable and dest.durable:
             kind = "queue" if isinstance(dest, Queue) else "exchange"
             self.store.delete_binding(
@@ -652,7 +578,9 @@ class VirtualHost:
             dest.bound.pop(id(b), None)
             dest.view_static = None
         if isinstance(dest, Queue) and notify_queue:
-            if self.on_topology_change is not None:
+            if self.on_binding_change is not None:
+                self.on_binding_change(dest, b, False)
+            elif self.on_topology_change is not None:
                 self.on_topology_change(dest)
             h = self.hooks.queue_unbound
             if h is not None:

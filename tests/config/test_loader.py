@@ -588,6 +588,31 @@ def test_the_front_door_limits_are_read() -> None:
     assert "maxConnections unlimited" in default.describe()
 
 
+def test_the_binding_limits_and_the_hook_budget_are_read() -> None:
+    cfg = parse_config(
+        "<broker>\n<limits><maxBindingsPerExchange>50</maxBindingsPerExchange>"
+        "<maxBindingsPerVhost>500</maxBindingsPerVhost><hookBudget>250ms</hookBudget>"
+        "</limits>\n</broker>"
+    )
+    lim = cfg.limits
+    assert (lim.max_bindings_per_exchange, lim.max_bindings_per_vhost) == (50, 500)
+    assert lim.hook_budget == 0.25
+    assert "maxBindingsPerExchange 50, maxBindingsPerVhost 500" in lim.describe()
+    default = parse_config("<broker/>").limits
+    assert (default.max_bindings_per_exchange, default.max_bindings_per_vhost) == (0, 0)
+    assert default.hook_budget == 0.1
+    assert (
+        parse_config(
+            "<broker><limits><hookBudget>0</hookBudget></limits></broker>"
+        ).limits.hook_budget
+        == 0
+    )
+    with pytest.raises(ConfigError):
+        parse_config(
+            "<broker><limits><maxBindingsPerVhost>-1</maxBindingsPerVhost></limits></broker>"
+        )
+
+
 def test_a_login_delay_cap_below_the_delay_is_refused_where_it_is_written() -> None:
     err = fails(
         "<broker>\n<limits>\n<loginFailureDelay>5s</loginFailureDelay>\n"

@@ -156,15 +156,16 @@ def test_a_raising_notification_hook_is_contained(
 def test_a_queue_whose_dispatch_raises_does_not_stall_the_others(
     broker_factory: Any, plugin_module: types.ModuleType, caplog: pytest.LogCaptureFixture
 ) -> None:
-    @hookimpl
-    def broker_select_consumer(queue: str, consumers: list[Any]) -> Any:
-        if queue == "bad":
+    def select_consumer(**kw: Any) -> Any:
+        if kw["queue"] == "bad":
             raise RecursionError("maximum recursion depth exceeded")  # like the deep headers
         return None
 
-    plugin_module.broker_select_consumer = broker_select_consumer  # type: ignore[attr-defined]
     caplog.set_level(logging.WARNING)
     b = broker_factory(plugins=PLUGIN, store=True, admin=True, users=ADMIN_GUEST)
+    # a plugin's hook is contained (a raise is its "no answer"): the failure is put in the
+    # dispatch itself, as a bug in the core would be, bypassing the plugin host's containment
+    b.call(lambda: setattr(b.broker.hooks, "select_consumer", select_consumer))
     by = Bystander(b)
     consumer = connect(b)
     try:
