@@ -93,55 +93,41 @@ def evaluate_queue(q: QueueView, cfg: Any, now: float) -> list[Action]:
     room = max(cap - sum(1 for c in consumers if c.isolated), 0)
     actions: list[Action] = []
     for since, c in overdue[:room]:
-        actions.append(
-            IsolateConsumer(
-                vhost=q.vhost,
-                queue=q.name,
-                policy=POLICY,
-                reason=f"no ack for {now - since:.3f} s with {c.unacked} unacked",
-                threshold="ackTimeout",
-                configured=timeout,
-                measured=round(now - since, 3),
-                consumer_tag=c.tag,
-                connection_id=c.connection_id,
-            )
-        )
+        reason = f"no ack for {now - since:.3f} s with {c.unacked} unacked"
+        actions.append(IsolateConsumer(**_fields(q, since, now, timeout, reason), **_who(c)))
     for since, c in overdue[room:]:
-        actions.append(
-            Spared(
-                vhost=q.vhost,
-                queue=q.name,
-                policy=POLICY,
-                reason=(
-                    f"consumer {c.tag} (connection {c.connection_id}) is over its ack timeout "
-                    f"but the cap held: {cap} of {len(consumers)} consumers may be isolated "
-                    f"(maxIsolatedRatio {cfg.max_isolated_ratio:g})"
-                ),
-                threshold="ackTimeout",
-                configured=timeout,
-                measured=round(now - since, 3),
-            )
+        reason = (
+            f"consumer {c.tag} (connection {c.connection_id}) is over its ack timeout "
+            f"but the cap held: {cap} of {len(consumers)} consumers may be isolated "
+            f"(maxIsolatedRatio {cfg.max_isolated_ratio:g})"
         )
+        actions.append(Spared(**_fields(q, since, now, timeout, reason)))
         counted = c.timed_out_at
         if counted is None or now - counted >= timeout:
             # the delivery it works on timed out (again): it counts, spared or not
-            actions.append(
-                CountTimeout(
-                    vhost=q.vhost,
-                    queue=q.name,
-                    policy=POLICY,
-                    reason=(
-                        f"no ack for {now - since:.3f} s; the cap spares the consumer, its "
-                        "delivery counts a timed-out hand-out"
-                    ),
-                    threshold="ackTimeout",
-                    configured=timeout,
-                    measured=round(now - since, 3),
-                    consumer_tag=c.tag,
-                    connection_id=c.connection_id,
-                )
+            reason = (
+                f"no ack for {now - since:.3f} s; the cap spares the consumer, its "
+                "delivery counts a timed-out hand-out"
             )
+            actions.append(CountTimeout(**_fields(q, since, now, timeout, reason), **_who(c)))
     return actions
+
+
+def _fields(q: QueueView, since: float, now: float, timeout: float, reason: str) -> dict[str, Any]:
+    """The fields every isolation action of queue ``q`` has: who asks, why, and the clock."""
+    return dict(
+        vhost=q.vhost,
+        queue=q.name,
+        policy=POLICY,
+        reason=reason,
+        threshold="ackTimeout",
+        configured=timeout,
+        measured=round(now - since, 3),
+    )
+
+
+def _who(c: ConsumerView) -> dict[str, Any]:
+    return {"consumer_tag": c.tag, "connection_id": c.connection_id}
 
 
 def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> list[Action]:
