@@ -133,27 +133,19 @@ def _who(c: ConsumerView) -> dict[str, Any]:
 def evaluate(snapshot: Snapshot, state: PolicyState, policies: PolicyLookup) -> list[Action]:
     """All isolations the snapshot calls for. Pure: the same function runs in the backtest.
 
-    ``state`` (kept across checks) makes a consumer held back by the cap reported once, not at
-    every check, until it is isolated, recovers or leaves. Isolation names no policy, so
-    ``policies`` is not used.
+    A consumer the cap holds back is reported (:class:`Spared`) at every check it is held
+    back: the core tells such a run of repeats once when it starts and once when it ends. The
+    job keeps no state, and isolation names no policy, so ``state`` and ``policies`` are not
+    used.
     """
     now = snapshot.taken_at
     actions: list[Action] = []
-    reported: set[tuple[str, str, str]] = state.get("capped", set())
-    still: set[tuple[str, str, str]] = set()
     for q in snapshot.queues:
         pol = q.policy
         cfg = pol.get(SECTION) if pol else None
         if cfg is None or q.subscription_type != SHARED:
             continue
-        for a in evaluate_queue(q, cfg, now):
-            if isinstance(a, Spared):
-                key = (q.vhost, q.name, a.reason.split(" ", 2)[1])
-                still.add(key)
-                if key in reported:
-                    continue
-            actions.append(a)
-    state["capped"] = still
+        actions.extend(evaluate_queue(q, cfg, now))
     return actions
 
 
