@@ -13,22 +13,21 @@ clients in threads or a subprocess.
 
 What the policies did is observed from inside the broker: a listener registered through the core
 API (``BrokerAPI.register_plugin``, run on the broker's loop with ``BrokerThread.call``) notes,
-with the time, every isolation, policy action, policy deletion, policy-caused redelivery and
-poison dead letter. Then, per scenario:
+with the time, every isolation, timed-out hand-out, policy action, policy deletion,
+policy-caused redelivery and poison or delivery-limit dead letter. Then, per scenario:
 
 * **false positives**: a healthy scenario's queue or consumer touched (isolated, a policy action,
   a 506, deleted, a message redelivered because of a policy); for a faulty scenario, a bystander
-  consumer isolated. Must be 0.
+  consumer isolated or timed out, or what its driver saw (a dead-letter queue deleted). Must be 0.
 * **missed**: a fault the policies did not catch before the scenario ended. Must be 0.
+* **endless loops**, **dead letters lost**: see ``bench/precision_tries.py``. Must be 0.
 * **latency**: from the moment the threshold was crossed to the detection. For isolation the
   broker's own figure, time on the ack clock minus ackTimeout; for the rate floor, from when
-  the queue had a backlog and a consumer acking below the floor; for a poison
-  message, from the disconnect of its ``poisonDeliveries``-th holder. Expected within one check
-  period (200 ms for isolation, 500 ms for the slow-consumer check).
+  the queue had a backlog and a consumer acking below the floor; for bounded tries, from when
+  the message's ``poisonDeliveries``-th timeout was due. Expected within one check period
+  (200 ms for isolation, 500 ms for the slow-consumer check).
 
-The poison scenario runs whatever the broker is; a broker without poison detection
-(``plugbroker.policy.DeadLetterPoison``) reports it as ``not yet detected`` and it does not count as
-a miss. Every loop is bounded in count and time; no traffic leaves 127.0.0.1.
+Every loop is bounded in count and time; no traffic leaves 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -54,6 +53,12 @@ for p in (str(ROOT), str(ROOT / "tests")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+if __name__ == "__main__":
+    # run the module bench.policy_precision: the one copy that bench.precision_tries imports
+    from bench.policy_precision import main
+
+    sys.exit(main())
+
 import amqp  # noqa: E402
 import kombu  # noqa: E402
 from brokerutil import BrokerThread, write_config  # noqa: E402
@@ -68,7 +73,6 @@ SLOW_CHECK = 0.5
 RATE_FLOOR = 10.0
 MESSAGE_AGE = 3.0
 MESSAGE_COUNT = 500
-POISON_DELIVERIES = 3  # the broker's default for <poisonDeliveries>
 
 VHOST = f"""
     <isolation>
@@ -92,18 +96,13 @@ SCALE = (
 )
 
 
-def poison_detection_available() -> bool:
-    """Whether this broker dead-letters poison messages (issue 14, item 6)."""
-    return hasattr(plugbroker.policy, "DeadLetterPoison")
-
-
 # ------------------------------------------------------------------------------------ observing
 
 
 @dataclass(frozen=True)
 class Event:
     at: float  # time.monotonic() on the broker's loop
-    kind: str  # isolated, action, deleted, redelivered, poison
+    kind: str  # isolated, timed_out, action, deleted, redelivered, poison, delivery_limit, dropped
     queue: str
     tag: str = ""
     detail: str = ""
@@ -126,6 +125,12 @@ class Recorder:
         )
 
     @hookimpl
+    def broker_message_timed_out(self, queue: str, consumer_tag: str, timeouts: int) -> None:
+        self.events.append(
+            Event(time.monotonic(), "timed_out", queue, consumer_tag, f"count {timeouts}")
+        )
+
+    @hookimpl
     def broker_policy_action(self, action: plugbroker.policy.Action, outcome: str) -> None:
         tag = str(getattr(action, "consumer_tag", ""))
         what = f"{type(action).__name__} {outcome} ({action.threshold or action.reason})"
@@ -143,13 +148,17 @@ class Recorder:
 
     @hookimpl
     def broker_message_dead_lettered(self, queue: str, reason: str) -> None:
-        if reason == "poison":
-            self.events.append(Event(time.monotonic(), "poison", queue, detail=reason))
+        if reason in BOUNDS:
+            self.events.append(Event(time.monotonic(), reason, queue, detail=reason))
 
     @hookimpl
     def broker_message_dropped(self, queue: str, reason: str) -> None:
-        if reason == "poison":
-            self.events.append(Event(time.monotonic(), "poison", queue, detail=reason))
+        if reason in BOUNDS:  # a bounded message lost: no dead-letter queue took it
+            self.events.append(Event(time.monotonic(), "dropped", queue, detail=reason))
+
+
+#: the dead-letter reasons of a message that was handed out as often as the broker allows
+BOUNDS = ("poison", "delivery_limit")
 
 
 # -------------------------------------------------------------------------------------- clients
@@ -159,9 +168,12 @@ class Consumer(threading.Thread):
     """A py-amqp consumer on its own connection, in a thread, until ``stop`` is set.
 
     ``work(body)`` returns the seconds a message takes; ``crash(body)`` says whether the consumer
-    dies on it (its socket closed without a word, then it reconnects ``reconnect`` s later);
-    ``stall_after`` messages in, it stops acking and sleeps; ``read`` False: it stops reading
-    its socket after ``basic.consume``.
+    dies on it once that work is done (its socket closed without a word, then it reconnects
+    ``reconnect`` s later); ``hang(body)``: it never settles that message (a task running on,
+    longer than the scenario) and goes on with the others; ``stall_after`` messages in, it stops
+    acking and sleeps; ``read`` False: it stops reading its socket after ``basic.consume``.
+    ``handed`` notes every delivery: when, to which consumer tag, the body and its
+    ``x-ack-timeout-count``.
     """
 
     def __init__(
@@ -175,6 +187,7 @@ class Consumer(threading.Thread):
         no_ack: bool = False,
         work: Callable[[bytes], float] = lambda b: 0.0,
         crash: Callable[[bytes], bool] = lambda b: False,
+        hang: Callable[[bytes], bool] = lambda b: False,
         crash_every: int = 0,
         reconnect: float = 0.1,
         stall_after: int | None = None,
@@ -183,7 +196,7 @@ class Consumer(threading.Thread):
         super().__init__(name=f"consumer-{tag}", daemon=True)
         self.port, self.queue, self.base_tag, self.stop = port, queue, tag, stop
         self.prefetch, self.no_ack, self.work, self.crash = prefetch, no_ack, work, crash
-        self.crash_every, self.reconnect = crash_every, reconnect
+        self.crash_every, self.reconnect, self.hang = crash_every, reconnect, hang
         self.stall_after, self.read = stall_after, read
         self.tags: list[str] = []  # one per connection it made
         self.acked = 0
@@ -191,6 +204,7 @@ class Consumer(threading.Thread):
         self.errors: list[str] = []  # channel or connection errors it saw (506 ...)
         self.crashes: list[float] = []  # when it died holding something
         self.first_delivery: float | None = None
+        self.handed: list[tuple[float, str, bytes, int]] = []
 
     def run(self) -> None:
         attempt = 0
@@ -224,14 +238,18 @@ class Consumer(threading.Thread):
                 if self.first_delivery is None:
                     self.first_delivery = time.monotonic()
                 body = msg.body if isinstance(msg.body, bytes) else str(msg.body).encode()
-                if self.crash(body) or (self.crash_every and in_session >= self.crash_every):
-                    raise _Crash
+                count = (msg.headers or {}).get("x-ack-timeout-count", 0)
+                self.handed.append((time.monotonic(), tag, body, count))
                 if self.stall_after is not None and self.received > self.stall_after:
                     self.stop.wait(60)  # stuck: no ack until the scenario ends
                     return
                 pause = self.work(body)
                 if pause:
                     time.sleep(pause)
+                if self.crash(body) or (self.crash_every and in_session >= self.crash_every):
+                    raise _Crash
+                if self.hang(body):
+                    return  # it runs on: never settled
                 if not self.no_ack:
                     ch.basic_ack(msg.delivery_tag)
                     self.acked += 1
@@ -322,6 +340,14 @@ class Run:
     #: when the threshold was crossed, for the faults the driver times itself
     crossed_at: float | None = None
     note: str = ""
+    #: events from brokers the scenario started itself, judged with the others
+    events: list[Event] = field(default_factory=list)
+    #: what the driver saw itself: false positives (a dead-letter queue deleted) and misses
+    wrong: list[str] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)
+    #: messages handed out more often than allowed, dead letters lost (None: not judged)
+    loops: int | None = None
+    lost: int | None = None
 
 
 @dataclass(frozen=True)
@@ -346,6 +372,7 @@ class Ctx:
     stop: threading.Event
     until: float  # when publishing ends
     workdir: Path
+    recorder: Recorder = field(default_factory=Recorder)  # what the shared broker's policies did
 
 
 def _start(run: Run, ctx: Ctx, queue: str, tag: str, **kw: Any) -> Consumer:
@@ -506,7 +533,7 @@ def celery_worker(ctx: Ctx, run: Run) -> None:
             worker.wait(5)
 
 
-# Celery under isolation (issue 17): countdown tasks, long tasks touched, a stopped worker
+# Celery under isolation: countdown tasks, long tasks touched, a stopped worker
 
 CELERY_ISO_TASKS = """
 import os, time
@@ -720,36 +747,6 @@ def crash_loop(ctx: Ctx, run: Run) -> None:
     _slow_subscription(ctx, run, "pp.sub.crashloop", prefetch=10, crash_every=1, reconnect=0.1)
 
 
-def poison(ctx: Ctx, run: Run) -> None:
-    """Three consumers; one message makes whoever takes it die (then it reconnects)."""
-    pub = Publisher(ctx.port)
-    dlq = "pp.poison.dlq"
-    pub.declare(dlq)
-    args = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq}
-    pub.declare("pp.poison", arguments=args)
-    for i in range(3):
-        _start(
-            run,
-            ctx,
-            "pp.poison",
-            f"poison{i}",
-            prefetch=1,
-            work=lambda b: 0.005,
-            crash=lambda b: b == b"poison",
-            reconnect=0.2,
-        )
-    ctx.stop.wait(0.3)
-    pub.send("pp.poison", b"poison")
-    pace(ctx.stop, ctx.until, 20, lambda i: pub.send("pp.poison", b"%d" % i))
-    pub.close()
-    crashes = sorted(t for c in run.consumers for t in c.crashes)
-    if len(crashes) >= POISON_DELIVERIES:
-        run.crossed_at = crashes[POISON_DELIVERIES - 1]
-    run.note = f"{len(crashes)} crashes on it"
-    # every consumer that died on it counts as a faulty one (they were made to crash)
-    run.faulty_tags = ("poison",)
-
-
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("steady", True, "untouched", ("pp.steady",), steady),
     Scenario("bursty", True, "untouched", ("pp.bursty",), bursty),
@@ -800,9 +797,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         SLOW_CHECK,
     ),
     Scenario(
-        "poison message", False, "dead-lettered: poison", ("pp.poison",), poison, ("poison",), 0.0
-    ),
-    Scenario(
         "Celery worker stopped (SIGSTOP)",
         False,
         "isolated",
@@ -813,6 +807,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
 )
 
+from bench import precision_tries  # noqa: E402  (its scenarios run on the parts above)
+
+SCENARIOS += precision_tries.SCENARIOS
+
 #: what the test suite runs: a few of each kind, none that starts a subprocess
 SMALL = (
     "steady",
@@ -821,7 +819,7 @@ SMALL = (
     "subscriber keeps up",
     "stalled consumer",
     "slower than rate floor",
-    "poison message",
+    *precision_tries.SMALL,
 )
 
 
@@ -837,6 +835,8 @@ class Result:
     latency: float | None  # seconds after the threshold was crossed
     touched: list[str]
     note: str = ""
+    loops: int | None = None
+    lost: int | None = None
 
     @property
     def within_period(self) -> bool | None:
@@ -865,29 +865,25 @@ def judge(
             stray.append(e)
         else:
             by[owner.name].append(e)
-    poison_on = poison_detection_available()
     results = []
     for s in scenarios:
         run = runs[s.name]
         evs = by[s.name]
         errors = [f"{c.base_tag}: {err}" for c in run.consumers for err in c.errors]
         if s.healthy:
-            touched = [f"{e.kind} {e.tag} {e.detail}".strip() for e in evs] + errors
+            touched = [f"{e.kind} {e.tag} {e.detail}".strip() for e in evs] + errors + run.wrong
             outcome = "untouched" if not touched else "TOUCHED"
             results.append(Result(s, outcome, len(touched), 0, None, touched, run.note))
             continue
-        # a bystander consumer isolated is a false positive
+        # a bystander consumer isolated, or its delivery timed out, is a false positive
         faulty = run.faulty_tags
         fps = [
-            e for e in evs if e.kind == "isolated" and not any(e.tag.startswith(f) for f in faulty)
+            e
+            for e in evs
+            if e.kind in ("isolated", "timed_out") and not any(e.tag.startswith(f) for f in faulty)
         ]
         hits = [e for e in evs if e.kind in s.detect and e not in fps]
-        if s.name == "poison message" and not poison_on:
-            outcome = "not yet detected (no poison detection in this broker)"
-            touched = [f"{e.kind} {e.tag} {e.detail}".strip() for e in evs]
-            results.append(Result(s, outcome, len(fps), 0, None, touched, run.note))
-            continue
-        missed = 0 if hits else 1
+        missed = (0 if hits else 1) + len(run.misses)
         latency = None
         if hits:
             first = hits[0]
@@ -898,15 +894,19 @@ def judge(
         kinds = sorted({e.kind for e in evs})
         saw_506 = any("506" in err for err in errors)
         outcome = ", ".join(kinds) + (" (client saw 506)" if saw_506 else "") if kinds else "-"
-        touched = [f"{e.kind} {e.tag} {e.detail}".strip() for e in fps]
-        results.append(Result(s, outcome, len(fps), missed, latency, touched, run.note))
+        touched = [f"{e.kind} {e.tag} {e.detail}".strip() for e in fps] + run.wrong + run.misses
+        fp = len(fps) + len(run.wrong)
+        results.append(
+            Result(s, outcome, fp, missed, latency, touched, run.note, run.loops, run.lost)
+        )
     return results, stray
 
 
 def table(results: Sequence[Result], stray: Sequence[Event]) -> str:
     rows = [
-        "| scenario | kind | expected | what happened | false positives | missed | latency |",
-        "|---|---|---|---|---:|---:|---:|",
+        "| scenario | kind | expected | what happened | false positives | missed | endless loops "
+        "| dead letters lost | latency |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         s = r.scenario
@@ -914,14 +914,20 @@ def table(results: Sequence[Result], stray: Sequence[Event]) -> str:
         if r.latency is not None and not r.within_period:
             lat += " (over one period)"
         what = r.outcome + (f"; {r.note}" if r.note else "")
+        loops, lost = ("-" if n is None else str(n) for n in (r.loops, r.lost))
         rows.append(
             f"| {s.name} | {'healthy' if s.healthy else 'fault'} | {s.expected} | {what} | "
-            f"{r.false_positives} | {r.missed} | {lat} |"
+            f"{r.false_positives} | {r.missed} | {loops} | {lost} | {lat} |"
         )
     fp = sum(r.false_positives for r in results) + len(stray)
     missed = sum(r.missed for r in results)
+    loops = sum(r.loops or 0 for r in results)
+    lost = sum(r.lost or 0 for r in results)
     rows.append("")
-    rows.append(f"false positives: {fp} (must be 0); missed faults: {missed} (must be 0)")
+    rows.append(
+        f"false positives: {fp} (must be 0); missed faults: {missed} (must be 0); endless loops: "
+        f"{loops} (must be 0); dead letters lost: {lost} (must be 0)"
+    )
     for r in results:
         for t in r.touched:
             rows.append(f"  {r.scenario.name}: {t}")
@@ -951,7 +957,7 @@ def run_matrix(
     rec = Recorder()
     b.call(lambda: b.broker.api.register_plugin(rec, "policy-precision-recorder"))
     stop = threading.Event()
-    ctx = Ctx(b.port, b.url(), stop, time.monotonic() + duration, workdir)
+    ctx = Ctx(b.port, b.url(), stop, time.monotonic() + duration, workdir, rec)
     runs = {s.name: Run() for s in scenarios}
     drivers = []
     failures: dict[str, BaseException] = {}
@@ -967,8 +973,12 @@ def run_matrix(
             t = threading.Thread(target=drive, args=(s,), name=f"drive-{s.name}", daemon=True)
             drivers.append(t)
             t.start()
-        # let the last messages and the checks after them through, then stop everyone
+        # let the last messages and the checks after them through; a driver that waits for an
+        # outcome (bounded tries) ends when it holds or its own deadline passes; then stop
         time.sleep(max(0.0, ctx.until - time.monotonic()) + ACK_TIMEOUT + 2 * SLOW_CHECK)
+        deadline = time.monotonic() + 30.0
+        for t in drivers:
+            t.join(max(0.0, deadline - time.monotonic()))
     finally:
         stop.set()
         for t in drivers:
@@ -979,11 +989,18 @@ def run_matrix(
         b.call(lambda: b.broker.api.unregister_plugin("policy-precision-recorder"))
     for name, exc in failures.items():
         runs[name].note = (runs[name].note + f" driver failed: {exc!r}").strip()
-    results, stray = judge(scenarios, runs, list(rec.events))
+    events = list(rec.events) + [e for run in runs.values() for e in run.events]
+    results, stray = judge(scenarios, runs, events)
     for res in results:  # a scenario whose driver failed proves nothing: count it as missed
         if res.scenario.name in failures:
             res.missed = max(res.missed, 1)
     return results, stray
+
+
+def picked(only: str, scenarios: Sequence[Scenario]) -> list[Scenario]:
+    """The scenarios ``only`` names, comma-separated (a name may hold commas itself)."""
+    norm = ",".join(p.strip() for p in only.split(","))
+    return [s for s in scenarios if f",{s.name.replace(', ', ',')}," in f",{norm},"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -997,19 +1014,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.small:
         chosen = [s for s in chosen if s.name in SMALL]
     if args.only:
-        names = {n.strip() for n in args.only.split(",")}
-        chosen = [s for s in chosen if s.name in names]
+        chosen = picked(args.only, chosen)
     if args.no_celery:
         chosen = [s for s in chosen if not s.name.startswith("Celery")]
     print(SCALE)
-    print(f"poison detection in this broker: {'yes' if poison_detection_available() else 'no'}")
     with tempfile.TemporaryDirectory(prefix="policy-precision-") as tmp:
         with running_broker(Path(tmp)) as b:
             results, stray = run_matrix(b, chosen, Path(tmp), args.duration)
     print(table(results, stray))
-    bad = sum(r.false_positives + r.missed for r in results) + len(stray)
+    bad = sum(r.false_positives + r.missed + (r.loops or 0) + (r.lost or 0) for r in results)
+    bad += len(stray)
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
