@@ -133,7 +133,7 @@ def test_every_fate_path_has_its_journal_event(broker_factory, tmp_path):
     b.stop()
 
     events = read_journal(tmp_path / "journal").to_pylist()
-    assert {e["schema_version"] for e in events} == {SCHEMA_VERSION} == {2}
+    assert {e["schema_version"] for e in events} == {SCHEMA_VERSION} == {3}
 
     def one(event: str, queue: str, reason: str | None = None, **cols: Any) -> dict[str, Any]:
         got = [
