@@ -34,7 +34,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from plugbroker.admin_metrics import prometheus_text
+from plugbroker.admin_metrics import VhostSample
 from plugbroker.core.api import (
     BrokerAPI,
     ConsumerInfo,
@@ -151,6 +151,11 @@ class Admin:
         self.reloader = reloader
         self.history = History()
         self.timeline = Timeline(api.clock.time)
+        #: each vhost's figures at the last sample (:func:`plugbroker.admin_walk.sample_in_steps`)
+        self.sampled: dict[str, VhostSample] = {}
+        self.sampled_at = api.clock.monotonic()
+        #: queues the listings have read so far (a test watches it across loop turns)
+        self.rows_built = 0
 
     def on_loop(self, fn: Callable[[], T]) -> T:
         try:
@@ -161,26 +166,29 @@ class Admin:
 
     def overview(self, vhosts: frozenset[str] | None = None) -> dict[str, Any]:
         """The broker at a glance; with ``vhosts``, the figures of those vhosts only (what a
-        ``management`` user may see)."""
+        ``management`` user may see). O(vhosts): messages, consumers and the connections of
+        a vhost are the last sample's (:attr:`sampled`, ``sampled_age_s`` old), the rest is
+        read now."""
 
         def read() -> dict[str, Any]:
             api = self.api
-
-            def mine(vhost: str | None) -> bool:
-                return vhosts is None or vhost in vhosts
-
-            queues = [q for q in api.queues() if mine(q.vhost)]
-            consumers = [c for c in api.consumers() if mine(c.vhost)]
-            names = sorted(v for v in api.vhosts() if mine(v))
+            names = sorted(v for v in api.vhosts() if vhosts is None or v in vhosts)
+            total = VhostSample()
+            for v in names:
+                fig = self.sampled.get(v)
+                if fig is not None:
+                    total.merge(fig)
+            li = api.limits()
             return {
                 "product": "plugbroker",
                 "version": api.version,
-                "connections": sum(1 for c in api.connections() if mine(c.vhost)),
+                "connections": li.open_connections if vhosts is None else total.connections,
                 "vhosts": names,
-                "queues": len(queues),
-                "messages": sum(q.messages for q in queues),
-                "consumers": len(consumers),
-                "isolated": sum(c.isolated for c in consumers),
+                "queues": sum(li.vhost_queues.get(v, 0) for v in names),
+                "messages": total.queues[0],
+                "consumers": total.consumer_count,
+                "isolated": total.consumers[1],
+                "sampled_age_s": round(api.clock.monotonic() - self.sampled_at, 3),
                 "delayed_pending": (
                     api.delayed_pending()
                     if vhosts is None
@@ -192,23 +200,9 @@ class Admin:
                 ],
                 "resources": _resources_json(api),
                 "plugins": list(api.plugin_names()),
-                **({"limits": limits_json(api.limits())} if vhosts is None else {}),
+                **({"limits": limits_json(li)} if vhosts is None else {}),
                 **({"failures": _failures_json(api)} if vhosts is None else {}),
             }
-
-        return self.on_loop(read)
-
-    def queues(self) -> list[dict[str, Any]]:
-        def read() -> list[dict[str, Any]]:
-            now = self.api.clock.monotonic()
-            return [queue_json(q, now) for q in self.api.queues()]
-
-        return self.on_loop(read)
-
-    def consumers(self, isolated_only: bool = False) -> list[dict[str, Any]]:
-        def read() -> list[dict[str, Any]]:
-            now = self.api.clock.monotonic()
-            return [consumer_json(c, now) for c in self.api.consumers(isolated_only=isolated_only)]
 
         return self.on_loop(read)
 
@@ -232,8 +226,9 @@ class Admin:
 
         return self.on_loop(read)
 
-    def dead_letters(self) -> list[dict[str, Any]]:
+    def dead_letters(self, vhosts: frozenset[str] | None = None) -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
+            api = self.api
             return [
                 {
                     "vhost": d.vhost,
@@ -243,7 +238,9 @@ class Admin:
                     "by_reason": dict(d.by_reason),
                     "sources": dict(d.sources),
                 }
-                for d in self.api.dead_letters()
+                for v in api.vhosts()
+                if vhosts is None or v in vhosts
+                for d in api.dead_letters(v)
             ]
 
         return self.on_loop(read)
@@ -478,10 +475,6 @@ class Admin:
 
     # -- what the web UI draws -------------------------------------------------------------
 
-    def sample(self) -> None:
-        """Take one sample of every queue for the sparklines and rates (O(queues))."""
-        self.on_loop(lambda: self.history.sample(self.api))
-
     def queue_history(self, vhosts: frozenset[str] | None = None) -> dict[str, Any]:
         return self.on_loop(lambda: self.history.json(vhosts))
 
@@ -516,9 +509,6 @@ class Admin:
         self.on_loop(lambda: self.reloader.apply_reload(cfg))
         return {"reloaded": True}
 
-    def metrics(self) -> str:
-        return self.on_loop(lambda: prometheus_text(self.api))
-
 
 _SECRET = re.compile(r"""(\b(?:password|passwordHash)\s*=\s*)("[^"]*"|'[^']*')""")
 
@@ -540,25 +530,39 @@ class History:
         self.totals: deque[tuple[float, int, int, int]] = deque(maxlen=size)
 
     def sample(self, api: BrokerAPI) -> None:
+        """One sample of every queue at once (O(queues)); the admin server takes them a
+        bounded step at a time (:meth:`Admin.sample_in_steps`)."""
         now = api.clock.monotonic()
-        seen: set[tuple[str, str]] = set()
-        messages = acks = 0
+        self.begin()
         for q in api.queues():
-            key = (q.vhost, q.name)
-            seen.add(key)
-            ring = self.queues.get(key)
-            if ring is None:
-                ring = self.queues[key] = deque(maxlen=self.size)
-            age = now - q.oldest_arrival if q.oldest_arrival is not None else 0.0
-            ring.append((now, q.messages, round(age, 3), q.acks_total))
-            messages += q.messages
-            acks += q.acks_total
+            self.add(q, now)
+        self.finish(now, len(api.connections()))
+
+    def begin(self) -> None:
+        """A new sample starts: :meth:`add` each queue, then :meth:`finish`."""
+        self._seen: set[tuple[str, str]] = set()
+        self._sums = [0, 0]
+
+    def add(self, q: QueueInfo, now: float) -> None:
+        key = (q.vhost, q.name)
+        self._seen.add(key)
+        ring = self.queues.get(key)
+        if ring is None:
+            ring = self.queues[key] = deque(maxlen=self.size)
+        age = now - q.oldest_arrival if q.oldest_arrival is not None else 0.0
+        ring.append((now, q.messages, round(age, 3), q.acks_total))
+        self._sums[0] += q.messages
+        self._sums[1] += q.acks_total
+
+    def finish(self, now: float, connections: int) -> None:
+        seen = self._seen
         for key in [k for k in self.queues if k not in seen]:
             del self.queues[key]
+        messages, acks = self._sums
         # acks of deleted queues leave the sum: carry the last rate's base over
         if self.totals and acks < self.totals[-1][2]:
             self.totals.clear()
-        self.totals.append((now, messages, acks, len(api.connections())))
+        self.totals.append((now, messages, acks, connections))
 
     def forget(self, vhost: str, name: str) -> None:
         self.queues.pop((vhost, name), None)

@@ -43,7 +43,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, cast
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from aiohttp import web
@@ -53,6 +53,11 @@ from aiohttp.web_protocol import RequestHandler
 from plugbroker import authz
 from plugbroker.admin import Admin, AdminError, Reloader
 from plugbroker.admin_access import ENDPOINTS, Principal
+from plugbroker.admin_gate import Busy, Gate, peer_of
+from plugbroker.admin_params import bool_param, float_param, int_param, queue_spec
+from plugbroker.admin_serve import LISTINGS, serve_listing, serve_metrics
+from plugbroker.admin_steps import Steps
+from plugbroker.admin_walk import sample_in_steps
 from plugbroker.core.api import BrokerAPI
 from plugbroker.guard import ACCEPT, TURN_AWAY, throttled_text, under_attack_text
 from plugbroker.tls import TLSAcceptor
@@ -118,6 +123,10 @@ class HttpLimits:
     body_timeout: float = 10.0
     max_body: int = 1 << 20
     max_connections: int = 64
+    #: sockets one client address may hold
+    max_connections_per_address: int = 16
+    #: a socket must carry a request that logs in within this long of its opening
+    login_timeout: float = 5.0
     #: how long a stop waits for requests in progress
     shutdown_timeout: float = 5.0
 
@@ -156,7 +165,56 @@ def _internal_error(request: web.BaseRequest, exc: BaseException | None) -> web.
 
 
 class _Handler(RequestHandler):
-    """aiohttp's per-connection protocol, with errors it raises itself answered as JSON."""
+    """aiohttp's per-connection protocol, with errors it raises itself answered as JSON,
+    admitted by the server's :class:`Gate` and closed unless it logs in in time."""
+
+    def __init__(self, *args: Any, gate: Gate, login_timeout: float, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.gate = gate
+        self.login_timeout = login_timeout
+        self.peer = "?"
+        self.authenticated = False
+        self.busy = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._raw: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.peer = peer_of(transport)
+        if not self.gate.admit(self):
+            busy = Busy()
+            transport.set_protocol(busy)
+            busy.connection_made(transport)
+            return
+        self._raw = transport
+        super().connection_made(transport)
+        self._timer = self._loop.call_later(self.login_timeout, self._login_due)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.gate.leave(self)
+        super().connection_lost(exc)
+
+    def logged_in(self) -> None:
+        self.authenticated = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _login_due(self) -> None:
+        if self.authenticated or self._raw is None:
+            return
+        if self.busy:  # answering it (a throttled login waits): look again later
+            self._timer = self._loop.call_later(self.login_timeout, self._login_due)
+            return
+        log.info(
+            "admin: connection from %s closed: no login within %gs", self.peer, self.login_timeout
+        )
+        self.evict()
+
+    def evict(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
 
     def handle_error(
         self,
@@ -188,34 +246,6 @@ class _AccessLog(AbstractAccessLogger):
             response.status,
             time * 1000,
         )
-
-
-class _Busy(asyncio.Protocol):
-    """A socket over the connection bound: a 503, our side shut, then closed once the client
-    has had a moment to read it (closing with its request unread would reset the answer)."""
-
-    BODY = b'{"error": "too many admin connections; try again later"}'
-    LINGER = 1.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # a stream transport; not an asyncio.Transport subclass on uvloop, so no isinstance
-        transport = cast(asyncio.Transport, transport)
-        transport.write(
-            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            b"Connection: close\r\nRetry-After: 1\r\nContent-Length: "
-            + str(len(self.BODY)).encode()
-            + b"\r\n\r\n"
-            + self.BODY
-        )
-        if transport.can_write_eof():
-            transport.write_eof()
-        asyncio.get_running_loop().call_later(self.LINGER, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        pass  # the request is not read
-
-    def eof_received(self) -> bool | None:
-        return None  # the client is done: close
 
 
 #: the name the policy-action timeline registers under with the broker's plugin host
@@ -288,7 +318,7 @@ class AdminServer:
         self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
         self.ui = ui
         self.sample_every = sample_every
-        self._sampler: asyncio.TimerHandle | None = None
+        self._sampler: asyncio.Future[None] | None = None
         self.api = api
         self.reloader = reloader
         self.host = host
@@ -298,7 +328,7 @@ class AdminServer:
         self.scheme = "https" if ssl_context is not None else "http"
         self._web: web.Server | None = None
         self._listener: asyncio.base_events.Server | None = None
-        self._busy_logged = False
+        self.gate = Gate(self.limits.max_connections, self.limits.max_connections_per_address)
         self._handshakes: set[asyncio.Future[None]] = set()
         #: the UI's files, read once from the package
         self._ui_files = load_ui_files() if ui else {}
@@ -325,7 +355,7 @@ class AdminServer:
         self._listener = await loop.create_server(factory, self.host, self.port, reuse_address=True)
         self.port = self._listener.sockets[0].getsockname()[1]
         self.api.register_plugin(self.admin.timeline, TIMELINE_PLUGIN)
-        self._sample()
+        self._sampler = asyncio.ensure_future(self._sampling())
         log.info(
             "admin interface on %s://%s:%d%s",
             self.scheme,
@@ -335,15 +365,20 @@ class AdminServer:
         )
         return self
 
-    def _sample(self) -> None:
-        """One sample of every queue for the UI's sparklines, then the next one later."""
-        started = time.perf_counter()
-        try:
-            self.admin.history.sample(self.api)
-        except Exception:  # a sample is not worth stopping the admin for
-            log.exception("admin: sampling the queues failed")
-        delay = next_sample_delay(time.perf_counter() - started, self.sample_every)
-        self._sampler = asyncio.get_running_loop().call_later(delay, self._sample)
+    async def _sampling(self) -> None:
+        """A sample of every queue for the UI's sparklines and the per-vhost figures of
+        ``/api/overview`` and ``/metrics``, a bounded step per loop turn, then the next one
+        later (with many queues, samples space out)."""
+        while True:
+            steps = Steps()
+            started = time.perf_counter()
+            try:
+                await sample_in_steps(self.admin, steps)
+            except Exception:  # a sample is not worth stopping the admin for
+                log.exception("admin: sampling the queues failed")
+            # the loop's time the sample took: its steps, not the turns others had between
+            took = max(0.0, time.perf_counter() - started - steps.waited)
+            await asyncio.sleep(next_sample_delay(took, self.sample_every))
 
     def _static(self, request: web.BaseRequest) -> web.Response:
         path = request.path
@@ -388,15 +423,6 @@ class AdminServer:
         server = self._web
         assert server is not None
         lim = self.limits
-        if self.connections >= lim.max_connections:
-            if not self._busy_logged:
-                log.warning(
-                    "admin: %d connections open, the bound; refusing more (503) until one closes",
-                    lim.max_connections,
-                )
-                self._busy_logged = True
-            return _Busy()
-        self._busy_logged = False
         return _Handler(
             server,
             loop=asyncio.get_running_loop(),
@@ -406,6 +432,8 @@ class AdminServer:
             max_line_size=8190,
             max_field_size=8190,
             max_headers=64,
+            gate=self.gate,
+            login_timeout=lim.login_timeout,
         )
 
     # ------------------------------------------------------------------ requests
@@ -440,6 +468,30 @@ class AdminServer:
             return _json(403, {"error": "cross-site request refused"})
         # the web UI logs in with its own form: no browser login dialog over it
         challenge = "X-Plugbroker-UI" not in request.headers
+        proto = request.protocol
+        handler = proto if isinstance(proto, _Handler) else None
+        if handler is not None:
+            handler.busy += 1
+        try:
+            who = await self._login(request)
+        finally:
+            if handler is not None:
+                handler.busy -= 1
+        if not isinstance(who, Principal):
+            if who is not None:
+                return who  # 429: too many refusals to this address are waiting
+            # the body of a request that did not log in is never read: the socket closes
+            return _json(
+                401,
+                {
+                    "error": "not_authorized",
+                    "reason": "Login failed (authentication required: HTTP Basic, a broker user)",
+                },
+                challenge=challenge,
+                close=request.can_read_body,
+            )
+        if handler is not None:
+            handler.logged_in()
         try:
             sent = await asyncio.wait_for(self._read_body(request), self.limits.body_timeout)
         except TimeoutError:
@@ -449,23 +501,11 @@ class AdminServer:
             return _json(
                 413, {"error": f"request body over {self.limits.max_body} bytes"}, close=True
             )
-        who = await self._login(request)
-        if not isinstance(who, Principal):
-            if who is not None:
-                return who  # 429: too many refusals to this address are waiting
-            return _json(
-                401,
-                {
-                    "error": "not_authorized",
-                    "reason": "Login failed (authentication required: HTTP Basic, a broker user)",
-                },
-                challenge=challenge,
-            )
         url = urlsplit(request.raw_path)
         parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
         try:
             query = parse_qs(url.query, strict_parsing=False)
-            return await self._dispatch(who, request.method, parts, query, sent)
+            return await self._dispatch(request, who, parts, query, sent)
         except AdminError as exc:
             body: dict[str, Any] = {"error": exc.message}
             if exc.reason is not None:
@@ -562,27 +602,25 @@ class AdminServer:
 
     async def _dispatch(
         self,
+        request: web.BaseRequest,
         who: Principal,
-        method: str,
         parts: list[str],
         query: dict[str, list[str]],
         body: bytes = b"",
-    ) -> web.Response:
+    ) -> web.StreamResponse:
         admin = self.admin
+        method = request.method
         if method == "PUT" and len(parts) == 4 and parts[:2] == ["api", "queues"]:
             vhost, queue = parts[2], parts[3]
             who.require(ENDPOINTS["PUT", "/api/queues/{vhost}/{queue}"], vhost)
-            spec = _queue_spec(body)
+            spec = queue_spec(body)
             who.authorize(vhost, authz.queue_declare(queue, spec.get("arguments")))
             created, view = admin.declare_queue(vhost, queue, by=who.name, **spec)
             return _json(201 if created else 200, {"created": created, "queue": view})
         if method == "GET":
-            if parts == ["metrics"]:
+            if parts and parts[0] == "metrics" and parts[1:] in ([], ["per-object"]):
                 who.require(ENDPOINTS["GET", "/metrics"])
-                return web.Response(
-                    body=admin.metrics().encode(),
-                    headers={"Content-Type": "text/plain; version=0.0.4"},
-                )
+                return await serve_metrics(request, admin, per_object=len(parts) == 2)
             if parts == ["api", "overview"]:
                 who.require(ENDPOINTS["GET", "/api/overview"])
                 return _json(200, admin.overview(who.visible()))
@@ -608,21 +646,13 @@ class AdminServer:
                 who.require(ENDPOINTS["GET", "/api/config"])
                 loop = asyncio.get_running_loop()
                 return _json(200, await loop.run_in_executor(None, admin.running_config))
-            lists: dict[tuple[str, ...], Callable[[], list[dict[str, Any]]]] = {
-                ("api", "queues"): admin.queues,
-                ("api", "consumers"): admin.consumers,
-                ("api", "connections"): admin.connections,
-                ("api", "dead-letters"): admin.dead_letters,
-                ("api", "blocklist"): lambda: admin.consumers(isolated_only=True),
-            }
-            fn = lists.get(tuple(parts))
-            if fn is not None:
+            if len(parts) == 2 and parts[0] == "api" and parts[1] in LISTINGS:
                 who.require(ENDPOINTS["GET", "/" + "/".join(parts)])
-                return _json(200, self._visible_rows(who, parts[1], fn()))
+                return await serve_listing(request, admin, who, parts[1], query)
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "messages":
                 who.require(ENDPOINTS["GET", "/api/queues/{vhost}/{queue}/messages"], parts[2])
                 who.authorize(parts[2], authz.consume(parts[3]))
-                limit = _int_param(query, "limit", 20, minimum=0, maximum=10_000)
+                limit = int_param(query, "limit", 20, minimum=0, maximum=10_000)
                 assert limit is not None
                 return _json(200, admin.messages(parts[2], parts[3], limit))
         if method == "POST":
@@ -671,9 +701,9 @@ class AdminServer:
             if len(parts) == 5 and parts[:2] == ["api", "queues"] and parts[4] == "redrive":
                 who.require(ENDPOINTS["POST", "/api/queues/{vhost}/{queue}/redrive"], parts[2])
                 who.authorize(parts[2], authz.redrive_source(parts[3]))
-                most = _int_param(query, "limit", None, minimum=0)
+                most = int_param(query, "limit", None, minimum=0)
                 reasons = [r for v in query.get("reason", []) for r in v.split(",") if r]
-                rate = _float_param(query, "rate")
+                rate = float_param(query, "rate")
                 return _json(
                     200,
                     await admin.redrive(
@@ -681,109 +711,11 @@ class AdminServer:
                         parts[3],
                         most,
                         reasons=reasons or None,
-                        reset=_bool_param(query, "reset", True),
-                        dry_run=_bool_param(query, "dry_run", False),
+                        reset=bool_param(query, "reset", True),
+                        dry_run=bool_param(query, "dry_run", False),
                         rate=rate,
                         by=who.name,
                         allowed=lambda target: who.may(parts[2], authz.redrive_target(target)),
                     ),
                 )
         raise AdminError(404, f"no such endpoint: {method} /{'/'.join(parts)}")
-
-    def _visible_rows(
-        self, who: Principal, what: str, rows: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        """A listing as ``who`` may see it (RabbitMQ's management rules): monitoring and
-        administrator everything; other users the objects of their vhosts and, of
-        connections and consumers, their own only."""
-        if who.sees_all:
-            return rows
-        seen = who.vhosts
-        rows = [r for r in rows if r.get("vhost") in seen]
-        if what == "connections":
-            return [r for r in rows if who.sees(r["user"])]
-        if what in ("consumers", "blocklist"):
-            mine = {c["id"] for c in self.admin.connections() if who.sees(c["user"])}
-            return [r for r in rows if r["connection"] in mine]
-        return rows
-
-
-#: what the body of ``PUT /api/queues/{vhost}/{queue}`` may hold (RabbitMQ's names)
-QUEUE_SPEC_KEYS = ("durable", "auto_delete", "arguments")
-
-
-def _queue_spec(body: bytes) -> dict[str, Any]:
-    """The keyword arguments of a queue declare from a PUT body: a JSON object with
-    ``durable`` and ``auto_delete`` (true/false) and ``arguments`` (an object), each optional;
-    an empty body declares a transient queue without arguments. Anything else is a 400."""
-    if not body.strip():
-        return {}
-    try:
-        spec = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise AdminError(400, f"the body is not JSON: {exc}") from None
-    if not isinstance(spec, dict):
-        raise AdminError(400, "the body must be a JSON object (durable, auto_delete, arguments)")
-    unknown = sorted(set(spec) - set(QUEUE_SPEC_KEYS))
-    if unknown:
-        raise AdminError(
-            400,
-            f"unknown field(s) {', '.join(unknown)}; a queue takes {', '.join(QUEUE_SPEC_KEYS)}",
-        )
-    for key in ("durable", "auto_delete"):
-        if key in spec and not isinstance(spec[key], bool):
-            raise AdminError(400, f"field {key}: {spec[key]!r} is not true or false")
-    if "arguments" in spec and not isinstance(spec["arguments"], dict):
-        raise AdminError(400, "field arguments: must be a JSON object")
-    return {k: spec[k] for k in QUEUE_SPEC_KEYS if k in spec}
-
-
-def _bool_param(query: dict[str, list[str]], name: str, default: bool) -> bool:
-    """A true/false query parameter (``true``, ``1``, ``yes``; ``false``, ``0``, ``no``)."""
-    values = query.get(name)
-    if not values:
-        return default
-    raw = values[0].lower()
-    if raw in ("true", "1", "yes", ""):
-        return True
-    if raw in ("false", "0", "no"):
-        return False
-    raise AdminError(400, f"parameter {name}: {values[0]!r} is not true or false")
-
-
-def _float_param(query: dict[str, list[str]], name: str) -> float | None:
-    """A positive number query parameter, or None when absent."""
-    values = query.get(name)
-    if not values:
-        return None
-    try:
-        value = float(values[0])
-    except ValueError:
-        raise AdminError(400, f"parameter {name}: {values[0]!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise AdminError(400, f"parameter {name}: {values[0]} must be a positive number")
-    return value
-
-
-def _int_param(
-    query: dict[str, list[str]],
-    name: str,
-    default: int | None,
-    *,
-    minimum: int | None = None,
-    maximum: int | None = None,
-) -> int | None:
-    """An integer query parameter, or a 400 that says what was wrong."""
-    values = query.get(name)
-    if not values:
-        return default
-    raw = values[0]
-    try:
-        value = int(raw)
-    except ValueError:
-        raise AdminError(400, f"parameter {name}: {raw!r} is not an integer") from None
-    if minimum is not None and value < minimum:
-        raise AdminError(400, f"parameter {name}: {value} is below {minimum}")
-    if maximum is not None and value > maximum:
-        raise AdminError(400, f"parameter {name}: {value} is above {maximum}")
-    return value

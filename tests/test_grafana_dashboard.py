@@ -1,4 +1,4 @@
-"""docs/grafana/plugbroker.json is built on metrics /metrics really serves."""
+"""docs/grafana/plugbroker.json is built on metrics /metrics/per-object really serves."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from plugbroker.admin import prometheus_text
+from plugbroker.admin_metrics import prometheus_text
 from plugbroker.app import Broker
 from plugbroker.clock import ManualClock
 from plugbroker.config import parse_config

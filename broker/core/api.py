@@ -494,6 +494,12 @@ class BrokerAPI:
     def queues(self, vhost: str | None = None) -> list[QueueInfo]:
         return [_queue_info(q) for q in self._queues(vhost)]
 
+    def queue_names(self, vhost: str) -> list[str]:
+        """The names of a vhost's queues in declaration order: one list copy, no view built
+        (a listing then reads :meth:`queue` a bounded chunk at a time)."""
+        vh = self._b.vhosts.get(vhost)
+        return list(vh.queues) if vh is not None else []
+
     def queue(self, vhost: str, name: str) -> QueueInfo | None:
         q = self._find_queue(vhost, name)
         return _queue_info(q) if q is not None else None
@@ -527,7 +533,10 @@ class BrokerAPI:
     def consumers(
         self, vhost: str | None = None, queue: str | None = None, *, isolated_only: bool = False
     ) -> list[ConsumerInfo]:
-        qs = [q for q in self._queues(vhost) if queue is None or q.name == queue]
+        if vhost is not None and queue is not None:
+            qs = _opt(self._find_queue(vhost, queue))  # O(1): a listing asks queue by queue
+        else:
+            qs = [q for q in self._queues(vhost) if queue is None or q.name == queue]
         return [
             _consumer_info(q, c) for q in qs for c in q.consumers if c.isolated or not isolated_only
         ]

@@ -66,7 +66,7 @@ def test_overview_queues_consumers_connections_and_metrics(broker_factory):
             assert call(b, "/api/connections")[0]["user"] == "guest"
             peek = call(b, "/api/queues/%2F/jobs/messages?limit=5")
             assert len(peek) == 1 and peek[0]["routing_key"] == "jobs"
-            metrics = call(b, "/metrics")
+            metrics = call(b, "/metrics/per-object")
             assert 'plugbroker_queue_messages{vhost="/",queue="jobs"} 2' in metrics
             assert 'plugbroker_queue_messages_unacked{vhost="/",queue="jobs"} 1' in metrics
             assert "# TYPE plugbroker_queue_acks_total counter" in metrics
@@ -101,7 +101,7 @@ def test_blocklist_lists_isolated_consumers(broker_factory):
                     pass
             blocked = call(b, "/api/blocklist")
         assert len(blocked) == 1 and blocked[0]["queue"] == "work" and blocked[0]["isolated"]
-        metrics = call(b, "/metrics")
+        metrics = call(b, "/metrics/per-object")
         assert "plugbroker_consumer_isolated{" in metrics and "} 1" in metrics
         assert 'plugbroker_policy_actions_total{policy="Isolation",outcome="applied"} 1' in metrics
     finally:
@@ -312,7 +312,7 @@ def test_metrics_count_published_delivered_acked_redelivered_dead_lettered(broke
     finally:
         conn.close()
     b.call(lambda: b.broker.raise_alarm("disk", "test"))
-    metrics = call(b, "/metrics")
+    metrics = call(b, "/metrics/per-object")
     q = 'vhost="/",queue="counted"'
     got = {
         k: _metric(metrics, f"plugbroker_queue_{k}_total", q)
