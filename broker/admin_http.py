@@ -511,10 +511,11 @@ class AdminServer:
             if exc.reason is not None:
                 body["reason"] = exc.reason
                 log.warning(
-                    "admin: %s %s refused for user '%s': %s",
+                    "admin: %s %s refused for user '%s' (%s): %s",
                     request.method,
                     url.path,
                     who.name,
+                    exc.message,
                     exc.reason,
                 )
             return _json(exc.status, body, challenge=challenge)

@@ -276,3 +276,80 @@ def test_a_500_tells_the_client_a_reference_and_the_log_the_cause(
     assert "store.db is locked" in str(logged[0].exc_info[1])
     # the server goes on serving
     assert get(srv.port, "/api/whoami")["name"] == "guest"
+
+
+# ------------------------------------------------------------------ per address, login deadline
+
+
+def half_sent(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A socket that sends half a request and no more (a slowloris)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+    s.sendall(b"GET /api/overview HTTP/1.1\r\nHost: localhost\r\n")
+    return s
+
+
+def wait_closed(s: socket.socket) -> None:
+    """Until the server has closed ``s`` (recv sees the end, or a reset)."""
+    try:
+        while s.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+
+
+def test_one_address_cannot_take_every_socket(limited) -> None:
+    srv = limited(max_connections=10, max_connections_per_address=2)
+    held = [logged_in_socket(srv.port) for _ in range(2)]
+    try:
+        status, body = status_and_json(raw(srv.port, b"GET /api/overview HTTP/1.1\r\n\r\n"))
+        assert status == 503 and "too many" in body["error"]
+        # another address is served while this one is at its bound
+        with socket.create_connection(
+            ("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.2", 0)
+        ) as other:
+            other.sendall(
+                b"GET /api/whoami HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+                b"Authorization: " + AUTH.encode() + b"\r\n\r\n"
+            )
+            answer = b""
+            while chunk := other.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert srv.gate.refused == 1
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_half_sent_requests_make_room_for_an_operator(limited) -> None:
+    srv = limited(max_connections=4, max_connections_per_address=4, login_timeout=60)
+    loris = [half_sent(srv.port) for _ in range(4)]
+    try:
+        # every socket is taken, by requests that never log in: the oldest makes room
+        assert get(srv.port, "/api/overview")["product"] == "plugbroker"
+        wait_closed(loris[0])
+        assert srv.gate.evicted >= 1
+    finally:
+        for s in loris:
+            s.close()
+
+
+def test_a_socket_that_does_not_log_in_is_closed_early(limited) -> None:
+    srv = limited(login_timeout=0.2, header_timeout=60)
+    operator = logged_in_socket(srv.port)
+    loris = half_sent(srv.port)
+    try:
+        wait_closed(loris)  # long before the 60 s the header timeout allows
+        # the logged-in socket outlived the same deadline and still serves
+        operator.sendall(
+            b"GET /api/whoami HTTP/1.1\r\nHost: localhost\r\nAuthorization: "
+            + AUTH.encode()
+            + b"\r\n\r\n"
+        )
+        got = b""
+        while b"}" not in got:
+            got += operator.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200")
+    finally:
+        operator.close()
+        loris.close()
