@@ -17,7 +17,19 @@ own durable queue, one at a time, timing each publish until its confirm. The pha
   one write, then waits for a round trip, over and over;
 - ``sleepy hook``: a plugin's ``broker_message_published`` sleeps 2 s for each message to the
   queue ``sleepy``, which an attacker publishes to every 3 s (the bystander waits; the hook
-  watchdog names the plugin in the log, counted here).
+  watchdog names the plugin in the log, counted here);
+- ``admin scrape``: with ``--queues`` (100,000 by default) empty queues in the vhost
+  ``tenant``, an administrator repeats ``GET /api/queues`` and a monitor ``GET /metrics``;
+- ``per-object``: the same with ``GET /metrics/per-object`` (a 404 on a broker without it);
+- ``empty vhost``: a management user whose vhost is empty sends four requests in parallel
+  (``/api/queues``, ``/api/overview``, ``/api/consumers``, ``/api/connections``), over and over;
+- ``half-sent http``: one address (127.0.0.1) holds 80 sockets with half-sent requests,
+  reopening each the server closes, while operators on 127.0.0.1 and 127.0.0.2 ask
+  ``GET /api/overview`` every 0.2 s (counted by answer).
+
+The admin phases declare their queues once, before the first of them (pipelined declares).
+``--python`` runs the broker with another interpreter: the same bench against another version
+(a worktree of an older commit with its own environment) shows before and after side by side.
 
 Each attacker runs in its own process. Prints p50 / p99 / max of the bystander's latency per
 phase, the max as a multiple of the baseline's max in the same run, and what the attackers did.
@@ -52,9 +64,15 @@ CONFIG = """<?xml version="1.0"?>
 <broker>
   <listen host="127.0.0.1" port="0"/>
   <store path="{store}"/>
-  <users><user name="guest" password="guest" vhosts="/"/></users>
+  <admin host="127.0.0.1" port="{admin}"/>
+  <users>
+    <user name="guest" password="guest" vhosts="/ tenant empty" tags="administrator"/>
+    <user name="small" password="small" vhosts="empty" tags="management"/>
+  </users>
   <plugins><plugin>bench_sleepy_plugin</plugin></plugins>
   <virtualhost name="/"/>
+  <virtualhost name="tenant"/>
+  <virtualhost name="empty"/>
 </broker>
 """
 
@@ -266,8 +284,130 @@ def time_routing() -> str:
     )
 
 
-def _attacker(fn: Callable[..., None], port: int, stop: Any, results: Any) -> None:
+#: the admin server's port (set in main before the attackers start)
+ADMIN_PORT = 0
+
+
+def http_get(path: str, user: str = "guest", source: str = "127.0.0.1", port: int = 0) -> int:
+    """One GET to the admin server read to its end: the status (0: no answer)."""
+    import base64
+    import http.client
+
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", port or ADMIN_PORT, timeout=300, source_address=(source, 0)
+    )
+    try:
+        auth = base64.b64encode(f"{user}:{user}".encode()).decode()
+        conn.request("GET", path, headers={"Authorization": f"Basic {auth}"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except OSError:
+        return 0
+    finally:
+        conn.close()
+
+
+def gc_pauses(admin: int) -> str:
+    """The broker's longest cycle collection per generation, from its /metrics."""
+    import base64
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{admin}/metrics")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        text = resp.read().decode()
+    found = [
+        line.split("{")[1].replace('"}', "").replace('generation="', "gen ")
+        for line in text.splitlines()
+        if line.startswith("plugbroker_gc_pause_seconds_max{")
+    ]
+    return "broker's longest cycle collections (s): " + (", ".join(found) or "not timed")
+
+
+def declare_queues(port: int, n: int) -> float:
+    """``n`` empty queues in the vhost ``tenant``, declared pipelined (nowait); seconds."""
+    t = time.perf_counter()
+    c = amqp.Connection(
+        f"127.0.0.1:{port}", userid="guest", password="guest", virtual_host="tenant"
+    )
+    c.connect()
+    try:
+        ch = c.channel()
+        for i in range(n):
+            ch.queue_declare(f"tenant-{i:06d}", auto_delete=False, nowait=True)
+            if i % 5000 == 4999:
+                ch.queue_declare(f"tenant-{i:06d}", passive=True)  # a round trip now and then
+        ch.queue_declare(f"tenant-{n - 1:06d}", passive=True)
+    finally:
+        c.close()
+    return time.perf_counter() - t
+
+
+def scrape_attack(paths: tuple[str, ...], user: str = "guest") -> Callable[..., None]:
+    def attack(port: int, stop: Any, counts: dict[str, int]) -> None:
+        while not stop.is_set():
+            for path in paths:
+                status = http_get(path, user)
+                counts[f"{path} {status}"] = counts.get(f"{path} {status}", 0) + 1
+
+    return attack
+
+
+def parallel_small_user(port: int, stop: Any, counts: dict[str, int]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = ("/api/queues", "/api/overview", "/api/consumers", "/api/connections")
+    with ThreadPoolExecutor(4) as pool:
+        while not stop.is_set():
+            for status in pool.map(lambda p: http_get(p, "small"), paths):
+                counts[str(status)] = counts.get(str(status), 0) + 1
+
+
+def half_sent_attack(port: int, stop: Any, counts: dict[str, int]) -> None:
+    import selectors
+
+    sel = selectors.DefaultSelector()
+
+    def open_one() -> None:
+        try:
+            s = socket.create_connection(("127.0.0.1", ADMIN_PORT), timeout=5)
+            s.sendall(b"GET /api/overview HTTP/1.1\r\nHost: localhost\r\n")
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ)
+            counts["opened"] = counts.get("opened", 0) + 1
+        except OSError:
+            counts["refused"] = counts.get("refused", 0) + 1
+
+    for _ in range(80):
+        open_one()
+    while not stop.is_set():
+        for key, _ in sel.select(timeout=0.1):
+            s = key.fileobj
+            assert isinstance(s, socket.socket)
+            try:
+                data = s.recv(65536)
+            except OSError:
+                data = b""
+            if not data or b"503" in data[:12]:
+                sel.unregister(s)
+                s.close()
+                counts["closed by server"] = counts.get("closed by server", 0) + 1
+                open_one()
+
+
+def operators(port: int, stop: Any, counts: dict[str, int]) -> None:
+    while not stop.is_set():
+        for source in ("127.0.0.1", "127.0.0.2"):
+            status = http_get("/api/overview", source=source)
+            counts[f"op {source} {status}"] = counts.get(f"op {source} {status}", 0) + 1
+        stop.wait(0.2)
+
+
+def _attacker(fn: Callable[..., None], port: int, stop: Any, results: Any, admin: int) -> None:
     """One attacker in its own process (the bystander's timings do not wait for its GIL)."""
+    global ADMIN_PORT
+    ADMIN_PORT = admin
     counts: dict[str, int] = {}
     try:
         fn(port, stop, counts)
@@ -280,6 +420,9 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(len(xs) * p))] * 1000
 
 
+ADMIN_PHASES = {"admin scrape", "per-object", "empty vhost", "half-sent http"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -289,10 +432,13 @@ def main() -> None:
         default="",
         help="comma-separated phases to run after the baseline (default: all), e.g. 'topic trie'",
     )
+    ap.add_argument("--queues", type=int, default=100_000, help="queues of the admin phases")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter of the broker")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="attack-bench-"))
     cfg = tmp / "broker.xml"
-    cfg.write_text(CONFIG.format(store=tmp / "store"))
+    admin = free_port()
+    cfg.write_text(CONFIG.format(store=tmp / "store", admin=admin))
     (tmp / "bench_sleepy_plugin.py").write_text(SLEEPY_PLUGIN)
     port = free_port()
     path = os.pathsep.join([str(ROOT), str(tmp), os.environ.get("PYTHONPATH", "")])
@@ -300,7 +446,7 @@ def main() -> None:
     log = tmp / "broker.log"
     proc = subprocess.Popen(
         [
-            sys.executable,
+            args.python,
             "-m",
             "plugbroker",
             "--log-level",
@@ -334,15 +480,24 @@ def main() -> None:
             ("deep headers", [deep_attack] * args.attackers + [redelivery_loop]),
             ("topic trie", [trie_attack]),
             ("sleepy hook", [sleepy_attack]),
+            ("admin scrape", [scrape_attack(("/api/queues",)), scrape_attack(("/metrics",))]),
+            ("per-object", [scrape_attack(("/metrics/per-object",))]),
+            ("empty vhost", [parallel_small_user]),
+            ("half-sent http", [half_sent_attack, operators]),
         ]
         only = {p.strip() for p in args.only.split(",") if p.strip()}
         phases = [(n, a) for n, a in phases if n == "baseline" or not only or n in only]
         base_max = 0.0
+        declared = False
         for name, attackers in phases:
+            if name in ADMIN_PHASES and not declared:
+                took = declare_queues(port, args.queues)
+                print(f"({args.queues:,} queues declared in vhost 'tenant' in {took:.1f} s)")
+                declared = True
             stop = mp.Event()
             results: Any = mp.Queue()
             procs = [
-                mp.Process(target=_attacker, args=(a, port, stop, results), daemon=True)
+                mp.Process(target=_attacker, args=(a, port, stop, results, admin), daemon=True)
                 for a in attackers
             ]
             for p in procs:
@@ -367,8 +522,11 @@ def main() -> None:
                 f"{max(lat) * 1000:8.2f} {max(lat) / base_max:7.1f}  "
                 f"{dict(sorted(counts.items())) or '-'}"
             )
-        print(f"15,000 bindings declared to one queue: {time_binds(port):.2f} s")
-        print(time_routing())
+        if declared:
+            print(gc_pauses(admin))
+        if not only or not only <= ADMIN_PHASES:
+            print(f"15,000 bindings declared to one queue: {time_binds(port):.2f} s")
+            print(time_routing())
     finally:
         proc.terminate()
         proc.wait(30)

@@ -522,8 +522,13 @@ class History:
     """A small bounded ring of samples per queue (and one for the broker) for the web UI's
     sparklines and rates: each :meth:`sample` costs O(queues), never O(messages)."""
 
-    def __init__(self, size: int = 120) -> None:
+    def __init__(self, size: int = 120, max_queues: int = 5000) -> None:
         self.size = size
+        #: queues with a ring of their own; beyond, a queue counts in the broker's sums only
+        #: (100,000 rings of 120 samples would be a million objects for the cycle collector)
+        self.max_queues = max_queues
+        self._seen: set[tuple[str, str]] = set()
+        self._sums = [0, 0]
         #: (vhost, queue) -> samples ``(t, messages, oldest_age_s, acks_total)``
         self.queues: dict[tuple[str, str], deque[tuple[float, int, float, int]]] = {}
         #: samples ``(t, messages, acks_total, connections)`` over the whole broker
@@ -540,19 +545,21 @@ class History:
 
     def begin(self) -> None:
         """A new sample starts: :meth:`add` each queue, then :meth:`finish`."""
-        self._seen: set[tuple[str, str]] = set()
+        self._seen = set()
         self._sums = [0, 0]
 
     def add(self, q: QueueInfo, now: float) -> None:
-        key = (q.vhost, q.name)
-        self._seen.add(key)
-        ring = self.queues.get(key)
-        if ring is None:
-            ring = self.queues[key] = deque(maxlen=self.size)
-        age = now - q.oldest_arrival if q.oldest_arrival is not None else 0.0
-        ring.append((now, q.messages, round(age, 3), q.acks_total))
         self._sums[0] += q.messages
         self._sums[1] += q.acks_total
+        key = (q.vhost, q.name)
+        ring = self.queues.get(key)
+        if ring is None:
+            if len(self.queues) >= self.max_queues:
+                return
+            ring = self.queues[key] = deque(maxlen=self.size)
+        self._seen.add(key)
+        age = now - q.oldest_arrival if q.oldest_arrival is not None else 0.0
+        ring.append((now, q.messages, round(age, 3), q.acks_total))
 
     def finish(self, now: float, connections: int) -> None:
         seen = self._seen

@@ -18,9 +18,9 @@ __all__ = ["CHUNK", "STEP_BUDGET", "Steps", "chunked"]
 T = TypeVar("T")
 
 #: objects handled between two turns of the loop
-CHUNK = 256
+CHUNK = 128
 #: and at most this much of the loop's time (seconds), whatever the objects cost
-STEP_BUDGET = 0.005
+STEP_BUDGET = 0.002
 
 
 class Steps:
