@@ -154,7 +154,8 @@ class Admin:
         #: each vhost's figures at the last sample (:func:`plugbroker.admin_walk.sample_in_steps`)
         self.sampled: dict[str, VhostSample] = {}
         self.sampled_at = api.clock.monotonic()
-        #: queues the listings have read so far (a test watches it across loop turns)
+        #: queues the admin's walks (listings, metrics, samples) have read so far (a test
+        #: watches it across loop turns)
         self.rows_built = 0
 
     def on_loop(self, fn: Callable[[], T]) -> T:

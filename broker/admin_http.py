@@ -11,7 +11,9 @@ What keeps one client from hurting the others (:class:`HttpLimits`):
   or of the previous response (aiohttp's keep-alive timer, armed from the first byte), so an
   idle or trickling socket is closed;
 * a body must arrive within ``body_timeout`` (408) and be at most ``max_body`` bytes (413);
-* at most ``max_connections`` sockets are served; one more is answered 503 and closed;
+* at most ``max_connections`` sockets are served, ``max_connections_per_address`` from one
+  address (:mod:`plugbroker.admin_gate`); a socket that does not log in within
+  ``login_timeout`` is closed;
 * a request line, a header or a parameter the server cannot parse is a 400, as JSON;
 * a failed login goes through the broker's login throttle (the AMQP one), answered 401 after
   its delay, or 429 at once while too many refusals to that address wait;
@@ -122,9 +124,10 @@ class HttpLimits:
     header_timeout: float = 10.0
     body_timeout: float = 10.0
     max_body: int = 1 << 20
-    max_connections: int = 64
-    #: sockets one client address may hold
-    max_connections_per_address: int = 16
+    max_connections: int = 256
+    #: sockets one client address may hold: above the login throttle's 32 refusals waiting
+    #: per address, so that the throttle answers those 429 itself
+    max_connections_per_address: int = 40
     #: a socket must carry a request that logs in within this long of its opening
     login_timeout: float = 5.0
     #: how long a stop waits for requests in progress

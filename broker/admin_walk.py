@@ -43,23 +43,31 @@ __all__ = [
 Row = dict[str, Any]
 
 
-async def queue_chunks(
+async def _queue_names(
     admin: Admin, vhosts: Iterable[str], steps: Steps
-) -> AsyncIterator[list[Row]]:
-    """The rows of every queue of ``vhosts``, a chunk of queues per loop turn (a queue
-    deleted meanwhile is left out)."""
+) -> AsyncIterator[tuple[str, Sequence[str], float]]:
+    """``(vhost, a chunk of its queue names, now)`` for every queue of ``vhosts``, a turn of
+    the loop after each chunk (a queue deleted meanwhile is not found by its name)."""
     api = admin.api
     for vhost in vhosts:
         for names in chunked(api.queue_names(vhost), steps.chunk):
-            now = api.clock.monotonic()
-            rows = []
-            for name in names:
-                q = api.queue(vhost, name)
-                if q is not None:
-                    rows.append(queue_json(q, now))
+            yield vhost, names, api.clock.monotonic()
             admin.rows_built += len(names)
-            yield rows
             await steps.turn()
+
+
+async def queue_chunks(
+    admin: Admin, vhosts: Iterable[str], steps: Steps
+) -> AsyncIterator[list[Row]]:
+    """The rows of every queue of ``vhosts``, a chunk of queues per loop turn."""
+    api = admin.api
+    async for vhost, names, now in _queue_names(admin, vhosts, steps):
+        rows = []
+        for name in names:
+            q = api.queue(vhost, name)
+            if q is not None:
+                rows.append(queue_json(q, now))
+        yield rows
 
 
 async def consumer_chunks(
@@ -73,18 +81,14 @@ async def consumer_chunks(
     """The rows of the consumers of every queue of ``vhosts`` (those ``keep`` accepts), a
     chunk of queues per loop turn."""
     api = admin.api
-    for vhost in vhosts:
-        for names in chunked(api.queue_names(vhost), steps.chunk):
-            now = api.clock.monotonic()
-            rows = []
-            for name in names:
-                for c in api.consumers(vhost, name, isolated_only=isolated_only):
-                    row = consumer_json(c, now)
-                    if keep is None or keep(row):
-                        rows.append(row)
-            admin.rows_built += len(names)
-            yield rows
-            await steps.turn()
+    async for vhost, names, now in _queue_names(admin, vhosts, steps):
+        rows = []
+        for name in names:
+            for c in api.consumers(vhost, name, isolated_only=isolated_only):
+                row = consumer_json(c, now)
+                if keep is None or keep(row):
+                    rows.append(row)
+        yield rows
 
 
 async def row_chunks(rows: Sequence[Row], steps: Steps) -> AsyncIterator[list[Row]]:
@@ -100,21 +104,18 @@ async def sample_in_steps(admin: Admin, steps: Steps) -> None:
     api = admin.api
     history = admin.history
     history.begin()
-    sampled: dict[str, VhostSample] = {}
-    for vhost in api.vhosts():
-        fig = sampled[vhost] = VhostSample()
-        for names in chunked(api.queue_names(vhost), steps.chunk):
-            now = api.clock.monotonic()
-            for name in names:
-                q = api.queue(vhost, name)
-                if q is None:
-                    continue
-                history.add(q, now)
-                fig.add_queue(queue_figures(q, now))
-                if q.consumers:
-                    for c in api.consumers(vhost, name):
-                        fig.add_consumer((c.unacked, c.isolated))
-            await steps.turn()
+    sampled: dict[str, VhostSample] = {v: VhostSample() for v in api.vhosts()}
+    async for vhost, names, now in _queue_names(admin, list(sampled), steps):
+        fig = sampled[vhost]
+        for name in names:
+            q = api.queue(vhost, name)
+            if q is None:
+                continue
+            history.add(q, now)
+            fig.add_queue(queue_figures(q, now))
+            if q.consumers:
+                for c in api.consumers(vhost, name):
+                    fig.add_consumer((c.unacked, c.isolated))
     conns = api.connections()
     for conn in conns:
         if conn.vhost in sampled:
@@ -144,18 +145,14 @@ async def per_object_metrics(admin: Admin, steps: Steps) -> AsyncIterator[bytes]
     api = admin.api
     queues: list[tuple[str, Figures]] = []
     consumers: list[tuple[str, Figures]] = []
-    for vhost in api.vhosts():
-        for names in chunked(api.queue_names(vhost), steps.chunk):
-            now = api.clock.monotonic()
-            for name in names:
-                q = api.queue(vhost, name)
-                if q is None:
-                    continue
-                queues.append((queue_labels(vhost, name), queue_figures(q, now)))
-                if q.consumers:
-                    consumers.extend(consumer_rows(api.consumers(vhost, name)))
-            admin.rows_built += len(names)
-            await steps.turn()
+    async for vhost, names, now in _queue_names(admin, api.vhosts(), steps):
+        for name in names:
+            q = api.queue(vhost, name)
+            if q is None:
+                continue
+            queues.append((queue_labels(vhost, name), queue_figures(q, now)))
+            if q.consumers:
+                consumers.extend(consumer_rows(api.consumers(vhost, name)))
     for fam in object_families(queues, consumers):
         lines: list[str] = []
         for line in family_lines(*fam):

@@ -181,9 +181,8 @@ def test_a_body_over_the_bound_is_a_413(limited) -> None:
     assert status == 413 and "over 1000 bytes" in body["error"]
 
 
-def logged_in_socket(port: int) -> socket.socket:
-    """A keep-alive socket that has answered one logged-in request."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+def whoami(s: socket.socket) -> None:
+    """A logged-in request on keep-alive socket ``s``, answered 200."""
     s.sendall(
         b"GET /api/whoami HTTP/1.1\r\nHost: localhost\r\nAuthorization: "
         + AUTH.encode()
@@ -193,6 +192,12 @@ def logged_in_socket(port: int) -> socket.socket:
     while b"}" not in got:
         got += s.recv(65536)
     assert got.startswith(b"HTTP/1.1 200"), got
+
+
+def logged_in_socket(port: int) -> socket.socket:
+    """A keep-alive socket that has answered one logged-in request."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    whoami(s)
     return s
 
 
@@ -340,16 +345,7 @@ def test_a_socket_that_does_not_log_in_is_closed_early(limited) -> None:
     loris = half_sent(srv.port)
     try:
         wait_closed(loris)  # long before the 60 s the header timeout allows
-        # the logged-in socket outlived the same deadline and still serves
-        operator.sendall(
-            b"GET /api/whoami HTTP/1.1\r\nHost: localhost\r\nAuthorization: "
-            + AUTH.encode()
-            + b"\r\n\r\n"
-        )
-        got = b""
-        while b"}" not in got:
-            got += operator.recv(65536)
-        assert got.startswith(b"HTTP/1.1 200")
+        whoami(operator)  # the logged-in socket outlived the same deadline and still serves
     finally:
         operator.close()
         loris.close()
