@@ -41,13 +41,18 @@ WAL_LIMIT = 16 * 1024 * 1024
 _INCREMENTAL = 2  # PRAGMA auto_vacuum value
 
 
+def set_mode(db: sqlite3.Connection) -> None:
+    """On a connection just opened, before anything else: a new database is created in
+    incremental auto-vacuum mode (an existing one is switched by :func:`prepare`)."""
+    db.execute(f"PRAGMA auto_vacuum={_INCREMENTAL}")
+
+
 def prepare(db: sqlite3.Connection, file: Path) -> bool:
     """Put the database of ``file`` in incremental auto-vacuum mode; True when it is.
 
-    On a new database (no tables yet) this only sets the mode, which takes effect with the
-    first table. An existing file in another mode is rewritten once (``VACUUM``, which needs
-    about as much free space as the file takes); if that fails, the store works as before:
-    free pages are reused, not given back, and a warning says so."""
+    A file in another mode is rewritten once (``VACUUM``, which needs about as much free space
+    as the file takes); if that fails, the store works as before: free pages are reused, not
+    given back, and a warning says so."""
     if db.execute("PRAGMA auto_vacuum").fetchone()[0] == _INCREMENTAL:
         return True
     db.execute(f"PRAGMA auto_vacuum={_INCREMENTAL}")
@@ -107,8 +112,8 @@ class SpaceKeeper:
         """One bounded step; True when more steps are due. Call outside any transaction."""
         db = self.db
         try:
+            # (flags are set before others are cleared: ``pending`` is read from other threads)
             if self.dirty:
-                self.dirty = False
                 free, pages = self._free_pages()
                 if free >= MIN_FREE_PAGES and free >= FREE_FRACTION * pages:
                     if not self.vacuuming:
@@ -118,13 +123,14 @@ class SpaceKeeper:
                     self.vacuuming = True
                 elif self._wal_bytes() > WAL_LIMIT:
                     self.truncate = True
+                self.dirty = False
             if self.truncate:
-                self.truncate = False
                 if db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
                     # a reader is in the way: try again after the next batch
                     self.dirty = True
-                    self.vacuuming = False
+                    self.vacuuming = self.truncate = False
                     return False
+                self.truncate = False
                 self.truncations += 1
                 if self.vacuuming:
                     return True
@@ -145,8 +151,8 @@ class SpaceKeeper:
                 after = self._free_pages()[0]
                 self.pages_freed += max(before - after, 0)
                 if after == 0 or after >= before:
-                    self.vacuuming = False
                     self.truncate = True  # the file shrinks at this checkpoint
+                    self.vacuuming = False
                 elif self._wal_bytes() > WAL_LIMIT:
                     self.truncate = True
                 return True
@@ -158,8 +164,8 @@ class SpaceKeeper:
                 except sqlite3.Error:
                     pass
             log.warning("store %s: giving space back failed (%s); will try again", self.file, exc)
-            self.vacuuming = self.truncate = False
             self.dirty = True
+            self.vacuuming = self.truncate = False
         return False
 
     def _free_pages(self) -> tuple[int, int]:
@@ -181,4 +187,12 @@ class SpaceKeeper:
             return 0
 
 
-__all__ = ["FREE_FRACTION", "MIN_FREE_PAGES", "STEP_PAGES", "WAL_LIMIT", "SpaceKeeper", "prepare"]
+__all__ = [
+    "FREE_FRACTION",
+    "MIN_FREE_PAGES",
+    "STEP_PAGES",
+    "WAL_LIMIT",
+    "SpaceKeeper",
+    "prepare",
+    "set_mode",
+]

@@ -614,6 +614,7 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store: {exc}", file=self.file) from None
         try:
+            space.set_mode(db)  # before WAL mode: a new file is created in it
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise StoreError(
@@ -631,7 +632,6 @@ class SQLiteStore:
                     self._loss(f"{DB_NAME} has no tables though its marker says it held data", None)
                 if existed:
                     log.info("store %s is empty; creating the layout", self.file)
-                space.prepare(db, self.file)
                 self._create(db)
             else:
                 if version == 0:
