@@ -49,7 +49,10 @@ class BrokerProcess:
         log: Path | None = None,
         env: dict[str, str] | None = None,
         log_level: str = "WARNING",
+        python: str = sys.executable,
     ) -> None:
+        #: the interpreter that runs the broker (another one may import another tree)
+        self.python = python
         self.config = config
         self.port = port or free_port()
         self.log = log
@@ -64,7 +67,7 @@ class BrokerProcess:
         out = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [
-                sys.executable,
+                self.python,
                 "-m",
                 "plugbroker",
                 "--log-level",
