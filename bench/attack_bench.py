@@ -285,19 +285,13 @@ def time_disk_recovery(fs_mb: int = 48, limit_mb: int = 16) -> str:
     before the filesystem is full) until ``connection.blocked``; a consumer drains the queue;
     the seconds from the empty queue to ``connection.unblocked``. Needs root (mount)."""
     sys.path.insert(0, str(ROOT / "tests" / "store"))
-    from procutil import BrokerProcess
+    from procutil import BrokerProcess, tmpfs
 
     mnt = Path(tempfile.mkdtemp(prefix="attack-disk-"))
     store = mnt / "store"
-    store.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={fs_mb}m", "tmpfs", str(store)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        return f"disk recovery: not measured (cannot mount a tmpfs: {done.stderr.strip()})"
-    try:
+    with tmpfs(store, fs_mb * 2**20) as why:
+        if why is not None:
+            return f"disk recovery: not measured ({why})"
         cfg = mnt / "broker.xml"
         cfg.write_text(DISK_CONFIG.format(store=store, limit=limit_mb))
         b = BrokerProcess(cfg, log=mnt / "broker.log").start()
@@ -340,8 +334,6 @@ def time_disk_recovery(fs_mb: int = 48, limit_mb: int = 16) -> str:
             pub.close()
         finally:
             b.stop()
-    finally:
-        subprocess.run(["umount", "-l", str(store)], check=False)
     if events[-1]:
         return f"disk alarm NOT cleared within 120 s of draining ({sent * 64 // 1024} MiB)"
     return (

@@ -7,7 +7,7 @@ loses none."""
 from __future__ import annotations
 
 import os
-import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +17,10 @@ from typing import Any
 import amqp
 import pytest
 from brokerutil import drain_until
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
+
+from procutil import tmpfs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -32,18 +36,10 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     """``tmp_path/store`` (where a test broker keeps its store) on a tmpfs of FS_SIZE bytes;
     unmounted after the brokers stopped (this fixture is set up first, torn down last)."""
     mnt = tmp_path / "store"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={FS_SIZE}", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.strip()}")
-    try:
+    with tmpfs(mnt, FS_SIZE) as why:
+        if why is not None:
+            pytest.skip(why)
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _amqp(b: Any, **kw: Any) -> amqp.Connection:

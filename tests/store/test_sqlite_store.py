@@ -27,15 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from storeworld import World, bodies, take_all
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> Any:
-    w = World(tmp_path / "store", ManualClock())
-    yield w
-    w.store.close()
-    for db in w.zombies:
-        db.close()
-
-
 def test_confirm_callback_runs_after_the_commit(world: World) -> None:
     _q, _ = world.vh.declare_queue("q", durable=True)
     world.publish("q", b"one")

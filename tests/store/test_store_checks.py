@@ -11,7 +11,6 @@ import logging
 import sqlite3
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,15 +23,6 @@ from plugbroker.store.sqlite import SQLiteStore, StoreError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from storeworld import World, take_all
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Any:
-    w = World(tmp_path / "store", ManualClock())
-    yield w
-    w.store.close()
-    for db in w.zombies:
-        db.close()
 
 
 def _flip(world: World, mid: int) -> None:

@@ -11,7 +11,7 @@ No sockets: callbacks a store schedules on the loop go to a fake loop that the t
 
 from __future__ import annotations
 
-import threading
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -39,28 +39,9 @@ from plugbroker.store import (
 )
 from plugbroker.store.sqlite import SQLiteStore
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-class FakeLoop:
-    """Collects what a store schedules on the loop; :meth:`run` runs it (from any thread)."""
-
-    def __init__(self) -> None:
-        self.ready: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
-        self.lock = threading.Lock()
-
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        with self.lock:
-            self.ready.append((fn, args))
-
-    call_soon_threadsafe = call_soon
-
-    def run(self) -> None:
-        while True:
-            with self.lock:
-                batch, self.ready = self.ready, []
-            if not batch:
-                return
-            for fn, args in batch:
-                fn(*args)
+from storeworld import FakeLoop
 
 
 class Harness:
