@@ -331,7 +331,10 @@ def time_disk_recovery(fs_mb: int = 48, limit_mb: int = 16) -> str:
             st = os.statvfs(store)
             free = st.f_bavail * st.f_frsize / 2**20
             drainer.close()
-            pub.close()
+            if events[-1]:  # still blocked: the broker reads nothing from it, not even a close
+                pub.collect()
+            else:
+                pub.close()
         finally:
             b.stop()
     if events[-1]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sqlite3
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 #: the ``meta`` key holding the number of rows of the ``messages`` table
@@ -66,6 +67,24 @@ def missing_rows(db: sqlite3.Connection) -> tuple[int, int] | None:
     return None
 
 
+def check_rows(db: sqlite3.Connection, loss: Callable[[str], None]) -> int:
+    """At start: ``loss(problem)`` (which refuses the start, or logs when the loss is
+    accepted) if message rows are missing against the kept count; then the count is made
+    what the table holds. Returns that number of rows."""
+    missing = missing_rows(db)
+    if missing is not None:
+        loss(
+            f"the store holds {missing[0]} persistent messages where its own count says "
+            f"{missing[1]}: message rows were deleted behind the broker's back"
+        )
+    rows = count_rows(db)
+    if stored_rows(db) != rows:
+        db.execute("BEGIN IMMEDIATE")
+        set_rows(db, rows)
+        db.execute("COMMIT")
+    return rows
+
+
 def header_bytes(path: Path) -> int | None:
     """The size the header of SQLite database ``path`` gives it (page size times page count), or
     None when the header is unreadable or its page count is not valid (an older writer)."""
@@ -89,6 +108,7 @@ def header_bytes(path: Path) -> int | None:
 
 __all__ = [
     "ROWS_KEY",
+    "check_rows",
     "checksum",
     "count_rows",
     "header_bytes",

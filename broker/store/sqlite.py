@@ -590,22 +590,7 @@ class SQLiteStore:
                     "messages, fewer than at its last clean stop",
                     marker,
                 )
-        self._check_rows(marker)
-
-    def _check_rows(self, marker: dict[str, Any] | None) -> None:
-        """The message rows against the count the writer kept with them (the marker aside)."""
-        missing = integrity.missing_rows(self._db)
-        if missing is not None:
-            self._loss(
-                f"the store holds {missing[0]} persistent messages where its own count says "
-                f"{missing[1]}: message rows were deleted behind the broker's back",
-                marker,
-            )
-        self._rows = integrity.count_rows(self._db)
-        if integrity.stored_rows(self._db) != self._rows:
-            self._db.execute("BEGIN IMMEDIATE")
-            integrity.set_rows(self._db, self._rows)
-            self._db.execute("COMMIT")
+        self._rows = integrity.check_rows(self._db, lambda problem: self._loss(problem, marker))
 
     def _open(self, *, expect_data: bool = False) -> sqlite3.Connection:
         existed = self.file.exists() and self.file.stat().st_size > 0
