@@ -35,8 +35,10 @@ Each attacker runs in its own process. Prints p50 / p99 / max of the bystander's
 phase, the max as a multiple of the baseline's max in the same run, and what the attackers did.
 Then two timings: 15,000 bindings declared to one queue (one client, each bind waiting for its
 bind-ok), and the routing of one uncached 120-word key through 2,000 such bindings measured in
-this process (no broker). The broker, the bystander and the attackers share the machine's
-cores: on a small machine part of what the attack phases show is CPU contention.
+this process (no broker), and the seconds a disk alarm takes to clear once a filled store is
+drained (a broker of its own on a small tmpfs; needs root). The broker, the bystander and the
+attackers share the machine's cores: on a small machine part of what the attack phases show is
+CPU contention.
 """
 
 from __future__ import annotations
@@ -284,6 +286,84 @@ def time_routing() -> str:
     )
 
 
+DISK_CONFIG = """<?xml version="1.0"?>
+<broker>
+  <listen host="127.0.0.1" port="0"/>
+  <store path="{store}"/>
+  <users><user name="guest" password="guest" vhosts="/"/></users>
+  <limits><diskFreeLimit>{limit}MB</diskFreeLimit></limits>
+  <virtualhost name="/"/>
+</broker>
+"""
+
+
+def time_disk_recovery(fs_mb: int = 48, limit_mb: int = 16) -> str:
+    """A broker of its own with its store on a tmpfs of ``fs_mb`` MiB: a publisher fills it
+    (64 KiB persistent messages, paced so that the once-a-second disk check sees the limit
+    before the filesystem is full) until ``connection.blocked``; a consumer drains the queue;
+    the seconds from the empty queue to ``connection.unblocked``. Needs root (mount)."""
+    sys.path.insert(0, str(ROOT / "tests" / "store"))
+    from procutil import BrokerProcess, tmpfs
+
+    mnt = Path(tempfile.mkdtemp(prefix="attack-disk-"))
+    store = mnt / "store"
+    with tmpfs(store, fs_mb * 2**20) as why:
+        if why is not None:
+            return f"disk recovery: not measured ({why})"
+        cfg = mnt / "broker.xml"
+        cfg.write_text(DISK_CONFIG.format(store=store, limit=limit_mb))
+        b = BrokerProcess(cfg, log=mnt / "broker.log").start()
+        try:
+            events: list[bool] = []
+            pub = connect(
+                b.port,
+                confirm_publish=True,
+                on_blocked=lambda reason: events.append(True),
+                on_unblocked=lambda: events.append(False),
+            )
+            ch = pub.channel()
+            ch.queue_declare("fill", durable=True, auto_delete=False)
+            body = b"x" * 65536
+            sent = 0
+            while not events and sent < fs_mb * 16:
+                ch.basic_publish(amqp.Message(body, delivery_mode=2), routing_key="fill")
+                sent += 1
+                try:
+                    pub.drain_events(timeout=0.02)  # paces the publisher at about 3 MB/s
+                except TimeoutError:
+                    pass
+            if not events:
+                return "disk recovery: the disk alarm was never raised"
+            drainer = connect(b.port)
+            dch = drainer.channel()
+            while dch.basic_get("fill", no_ack=True) is not None:
+                pass
+            t0 = time.perf_counter()
+            deadline = t0 + 120
+            while events[-1] and time.perf_counter() < deadline:
+                try:
+                    pub.drain_events(timeout=0.1)
+                except TimeoutError:
+                    pass
+            took = time.perf_counter() - t0
+            st = os.statvfs(store)
+            free = st.f_bavail * st.f_frsize / 2**20
+            drainer.close()
+            if events[-1]:  # still blocked: the broker reads nothing from it, not even a close
+                pub.collect()
+            else:
+                pub.close()
+        finally:
+            b.stop()
+    if events[-1]:
+        return f"disk alarm NOT cleared within 120 s of draining ({sent * 64 // 1024} MiB)"
+    return (
+        f"disk alarm cleared {took:.2f} s after draining a filled store, no restart "
+        f"({sent * 64 // 1024} MiB published on a {fs_mb} MiB tmpfs, diskFreeLimit "
+        f"{limit_mb} MiB; {free:.1f} MiB free after)"
+    )
+
+
 #: the admin server's port (set in main before the attackers start)
 ADMIN_PORT = 0
 
@@ -527,6 +607,7 @@ def main() -> None:
         if not only or not only <= ADMIN_PHASES:
             print(f"15,000 bindings declared to one queue: {time_binds(port):.2f} s")
             print(time_routing())
+            print(time_disk_recovery())
     finally:
         proc.terminate()
         proc.wait(30)

@@ -12,6 +12,12 @@ Modes:
   (VmRSS, VmHWM) from /proc; ``--restart`` then stops it (SIGTERM), starts it again on the same
   store and reports recovery time and RSS; ``--drain`` consumes everything at the end.
 
+* ``--baseline-python PY``: the ``publish`` mode on two brokers, this tree's and the one
+  ``PY`` imports (e.g. another checkout's virtualenv: the parent commit), ``--repeat`` rounds
+  interleaved so that load from elsewhere falls on both alike; prints each median and the
+  ratios this/baseline (throughput, and broker CPU per message: the store's per-message work,
+  such as the body checksum, shows in the second).
+
 ``--sync FULL|NORMAL`` picks SQLite's synchronous mode (env PLUGBROKER_STORE_SYNC);
 ``--no-store`` runs the same load on a broker without a store (the ceiling of the broker itself).
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -186,6 +193,50 @@ def run_publish(port: int, args: argparse.Namespace, pid: int) -> dict[str, Any]
     }
 
 
+def compare(args: Any) -> int:
+    """This tree's broker against ``--baseline-python``'s, rounds interleaved (publish mode)."""
+    brokers = {"this": sys.executable, "baseline": args.baseline_python}
+    figures: dict[str, dict[str, list[float]]] = {k: {"rate": [], "cpu": []} for k in brokers}
+    ratios: dict[str, list[float]] = {"rate": [], "cpu": []}
+    for r in range(args.repeat):
+        row: dict[str, tuple[float, float]] = {}
+        for label, python in brokers.items():
+            work = Path(tempfile.mkdtemp(prefix=f"store-bench-{label}-"))
+            try:
+                cfg = write_config(work, work / "store")
+                env = {"PLUGBROKER_STORE_SYNC": args.sync}
+                b = BrokerProcess(
+                    cfg, log=work / "broker.log", env=env, log_level="INFO", python=python
+                ).start()
+                try:
+                    declare(b.port)
+                    out = run_publish(b.port, args, b.pid)
+                finally:
+                    b.stop()
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            row[label] = (out["msg_per_s"], out["broker_cpu_us_per_msg"])
+            figures[label]["rate"].append(out["msg_per_s"])
+            figures[label]["cpu"].append(out["broker_cpu_us_per_msg"])
+        ratios["rate"].append(row["this"][0] / row["baseline"][0])
+        ratios["cpu"].append(row["this"][1] / row["baseline"][1])
+        print(
+            f"round {r + 1}: this {row['this'][0]:.0f} msg/s {row['this'][1]:.1f} us/msg, "
+            f"baseline {row['baseline'][0]:.0f} msg/s {row['baseline'][1]:.1f} us/msg"
+        )
+    med = statistics.median
+    for label in brokers:
+        print(
+            f"{label:>10}: {med(figures[label]['rate']):.0f} msg/s, "
+            f"broker {med(figures[label]['cpu']):.1f} us CPU per message (median)"
+        )
+    print(
+        f"ratio this/baseline: throughput {med(ratios['rate']):.3f}, "
+        f"broker CPU per message {med(ratios['cpu']):.3f} (median of per-round ratios)"
+    )
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mode", choices=("publish", "fill"), default="publish")
@@ -208,7 +259,11 @@ def main() -> int:
         help="keep every body in memory (PLUGBROKER_STORE_RESIDENT_BYTES huge)",
     )
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed)")
+    ap.add_argument("--baseline-python", help="compare with the broker this interpreter runs")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds with --baseline-python")
     args = ap.parse_args()
+    if args.baseline_python:
+        return compare(args)
 
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="store-bench-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@ into the domain, in the order docs/durability.md gives:
 3. bindings (one with a missing or non-durable end is dropped, with a warning);
 4. messages, per queue in the order they entered it, each with its delivery count,
    ``redelivered`` if it had been delivered or requeued, its TTL running from its wall-clock
-   arrival; nack-backoff holds and retry-queue holds re-armed for what is left of them;
+   arrival; nack-backoff holds and retry-queue holds re-armed for what is left of them; one
+   whose body fails its checksum is then dead-lettered as ``corrupt`` (never delivered);
 5. messages held by delayed exchanges, re-armed for their remaining time;
 6. message ids continue above the highest recovered one.
 
@@ -25,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from plugbroker.clock import Clock
+from plugbroker.domain.damage import expel_corrupt
 from plugbroker.domain.exchange import DelayedExchange
 from plugbroker.domain.message import Message, MessageIds
 from plugbroker.domain.queue import Queue
@@ -46,6 +48,8 @@ class RecoveryStats:
     delayed: int = 0
     #: messages that could not be restored (unreadable, or refused by the queue)
     dropped: int = 0
+    #: messages whose body failed its checksum, dead-lettered as ``corrupt``
+    corrupt: int = 0
 
 
 def recover(
@@ -58,8 +62,13 @@ def recover(
     if not store.durable:
         return stats
     t0 = time.monotonic()
+    rec = _Recovery(store, vhosts, clock, ids, stats)
     with store.recovering():
-        _Recovery(store, vhosts, clock, ids, stats).run()
+        rec.run()
+    # once the store writes again: a damaged message may create its queue's DLQ
+    for q, m in rec.corrupt:
+        if expel_corrupt(q, m, m.body or b""):
+            stats.corrupt += 1
     log.info(
         "store %s recovered in %.2f s: %d exchanges, %d queues, %d bindings, "
         "%d messages, %d delayed",
@@ -92,6 +101,8 @@ class _Recovery:
         self.now_m = clock.monotonic()
         #: the highest message id seen on disk
         self.max_id = 0
+        #: restored messages whose body fails its checksum (dead-lettered after recovery)
+        self.corrupt: list[tuple[Queue, Message]] = []
 
     def run(self) -> None:
         topology = self.store.read_topology()
@@ -230,7 +241,22 @@ class _Recovery:
         last_key: QueueKey | None = None
         q: Queue | None = None
         for rec in store.read_messages():
-            key, mid, ex, rk, props, body, size, ts, arrival, count, delivered, due, timeouts = rec
+            (
+                key,
+                mid,
+                ex,
+                rk,
+                props,
+                body,
+                size,
+                ts,
+                arrival,
+                count,
+                delivered,
+                due,
+                timeouts,
+                bad,
+            ) = rec
             if mid > max_id:
                 max_id = mid
             if key is not last_key:
@@ -258,6 +284,8 @@ class _Recovery:
             m.timeouts = timeouts
             m.redelivered = delivered or count > 0
             m.stored = True
+            if bad:
+                self.corrupt.append((q, m))
             if due is not None and q.retry_target is not None:
                 # a retry queue's hold: the rest of its delay, or at once if it passed; it is
                 # forwarded whole, so its body comes back into memory now

@@ -108,6 +108,8 @@ class MessageRecord(NamedTuple):
     due: float | None
     #: hand-outs of it whose ack clock ran out (``Message.timeouts``)
     timeouts: int = 0
+    #: its body, read back, fails the checksum stored with it (it must not be delivered)
+    corrupt: bool = False
 
 
 class DelayedRecord(NamedTuple):

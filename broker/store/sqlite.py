@@ -47,8 +47,10 @@ from amqp.serialization import dumps as _amqp_dumps
 from amqp.serialization import loads as _amqp_loads
 
 from plugbroker.config import ConfigError
+from plugbroker.domain.damage import expel_corrupt
 from plugbroker.domain.message import Message
 from plugbroker.domain.ready import requeue_in_place, with_front_heap
+from plugbroker.store import integrity, space
 from plugbroker.store.base import (
     BindingRecord,
     DelayedRecord,
@@ -57,6 +59,7 @@ from plugbroker.store.base import (
     QueueRecord,
     StoredTopology,
 )
+from plugbroker.store.integrity import checksum, intact
 
 if TYPE_CHECKING:
     import asyncio
@@ -68,7 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("plugbroker.store")
 
 #: the layout this code writes; older layouts are migrated by MIGRATIONS, newer ones refused
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_NAME = "plugbroker.db"
 LOCK_NAME = "LOCK"
 #: beside the database: a store exists here, did the broker stop cleanly, what did it hold
@@ -112,7 +115,7 @@ CREATE TABLE messages (
     exchange TEXT NOT NULL, routing_key TEXT NOT NULL, properties BLOB NOT NULL,
     body BLOB NOT NULL, timestamp REAL NOT NULL, arrival REAL NOT NULL,
     delivery_count INTEGER NOT NULL DEFAULT 0, delivered INTEGER NOT NULL DEFAULT 0,
-    due REAL, timeouts INTEGER NOT NULL DEFAULT 0);
+    due REAL, timeouts INTEGER NOT NULL DEFAULT 0, crc INTEGER);
 CREATE UNIQUE INDEX messages_by_queue ON messages (qid, mid);
 CREATE TABLE delayed (
     mid INTEGER PRIMARY KEY, vhost TEXT NOT NULL, exchange TEXT NOT NULL,
@@ -127,8 +130,14 @@ def _v1_to_v2(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE queues ADD COLUMN dead_letter_target INTEGER NOT NULL DEFAULT 0")
 
 
+def _v2_to_v3(db: sqlite3.Connection) -> None:
+    """Layout 3: a checksum per message (none for the rows written before), a row count."""
+    db.execute("ALTER TABLE messages ADD COLUMN crc INTEGER")
+    integrity.set_rows(db, integrity.count_rows(db))
+
+
 #: ``{from_version: function(connection)}`` upgrading a store one version up
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 _TABLES = {"meta", "exchanges", "queues", "bindings", "messages", "delayed"}
 
@@ -247,12 +256,17 @@ class PagedReady(deque[Message]):
             self.loading = True
             self.store.load_bodies(self, need)
 
-    def loaded(self, msgs: list[Message], bodies: list[bytes | None]) -> None:
-        """On the loop: the writer read these bodies."""
+    def loaded(self, msgs: list[Message], bodies: list[bytes | None], bad: set[int]) -> None:
+        """On the loop: the writer read these bodies; those of ``bad`` fail their checksum."""
         self.loading = False
         q = self.queue
         for m, b in zip(msgs, bodies):
             if m.body is not None:
+                continue
+            if bad and m.id in bad and b is not None:
+                if self.paged > 0:
+                    self.paged -= 1
+                expel_corrupt(q, m, b)
                 continue
             if b is None:
                 if q.drop_unreadable(m):
@@ -279,23 +293,22 @@ _PagedWithRequeued = with_front_heap(PagedReady)
 # busy, each retake can wait. One statement for many rows keeps SQLite's work for the whole
 # chunk outside the GIL (so it overlaps with the loop on another core) and costs one retake.
 
-_CHUNK = 256  # rows per statement: 12 columns x 256 = 3072 parameters (SQLite allows 32766)
+_CHUNK = 256  # rows per statement: 13 columns x 256 = 3328 parameters (SQLite allows 32766)
 _INSERT: dict[int, str] = {}
 
 
 #: the columns a new message row is written with (``timeouts`` starts at its default)
 _MESSAGE_COLUMNS = (
     "seq, qid, mid, exchange, routing_key, properties, body, timestamp, arrival, "
-    "delivery_count, delivered, due"
+    "delivery_count, delivered, due, crc"
 )
 
 
 def _insert_sql(n: int) -> str:
     sql = _INSERT.get(n)
     if sql is None:
-        sql = _INSERT[n] = (
-            f"INSERT OR REPLACE INTO messages ({_MESSAGE_COLUMNS}) VALUES "
-            + ",".join(["(?,?,?,?,?,?,?,?,?,?,?,?)"] * n)
+        sql = _INSERT[n] = f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES " + ",".join(
+            ["(?,?,?,?,?,?,?,?,?,?,?,?,?)"] * n
         )
     return sql
 
@@ -407,6 +420,8 @@ class SQLiteStore:
         self.records_failed = 0
         self.t_apply = 0.0  # seconds in the writer building and executing batches
         self.t_commit = 0.0  # ...and committing them
+        #: hands the space of consumed messages back to the filesystem (writer thread)
+        self._space = space.SpaceKeeper(self._db, self.file)
         self._thread = threading.Thread(target=self._writer, name="store-writer", daemon=True)
         self._thread.start()
 
@@ -527,19 +542,19 @@ class SQLiteStore:
                 "to it — make it writable (chmod u+w) or point <store path> elsewhere",
                 file=self.file,
             )
+        size = self.file.stat().st_size if self.file.exists() else -1
+        wal = self.file.with_name(DB_NAME + "-wal")
+        if size > 0 and not (wal.exists() and wal.stat().st_size):
+            # with no write-ahead log to complete it, the file is as long as its header says
+            whole = integrity.header_bytes(self.file)
+            if whole is not None and size < whole:
+                self._loss(f"{DB_NAME} is truncated: {size} bytes, its header says {whole}", marker)
         if marker is None:
             return
-        size = self.file.stat().st_size if self.file.exists() else -1
         if size < 0:
             self._loss(f"{DB_NAME} is missing though its marker says a store was here", marker)
         elif size == 0:
             self._loss(f"{DB_NAME} is empty (0 bytes) though its marker says it held data", marker)
-        elif size < int(marker.get("db_bytes", 0)):
-            self._loss(
-                f"{DB_NAME} is truncated: {size} bytes, {marker['db_bytes']} when the marker "
-                "was written (it never shrinks)",
-                marker,
-            )
         wal = self.file.with_name(DB_NAME + "-wal")
         if size > 0 and marker["state"] == "running" and not wal.exists():
             self._loss(
@@ -549,8 +564,8 @@ class SQLiteStore:
             )
 
     def _check_contents(self, marker: dict[str, Any] | None) -> None:
-        """After opening: writable (a read-only mount), and no fewer rows than at the last
-        clean stop."""
+        """After opening: writable (a read-only mount), no fewer rows than at the last clean
+        stop, no fewer message rows than the store's own count."""
         try:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
@@ -567,15 +582,15 @@ class SQLiteStore:
                 "or point <store path> elsewhere",
                 file=self.file,
             ) from None
-        if marker is None or marker["state"] != "stopped":
-            return
-        queues, messages = self._counts()
-        if queues < int(marker.get("queues", 0)) or messages < int(marker.get("messages", 0)):
-            self._loss(
-                f"the store holds {queues} durable queues and {messages} persistent messages, "
-                "fewer than at its last clean stop",
-                marker,
-            )
+        if marker is not None and marker["state"] == "stopped":
+            queues, messages = self._counts()
+            if queues < int(marker.get("queues", 0)) or messages < int(marker.get("messages", 0)):
+                self._loss(
+                    f"the store holds {queues} durable queues and {messages} persistent "
+                    "messages, fewer than at its last clean stop",
+                    marker,
+                )
+        self._rows = integrity.check_rows(self._db, lambda problem: self._loss(problem, marker))
 
     def _open(self, *, expect_data: bool = False) -> sqlite3.Connection:
         existed = self.file.exists() and self.file.stat().st_size > 0
@@ -584,6 +599,7 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store: {exc}", file=self.file) from None
         try:
+            space.set_mode(db)  # before WAL mode: a new file is created in it
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise StoreError(
@@ -650,6 +666,7 @@ class SQLiteStore:
                         "restore a backup or move it aside",
                         file=self.file,
                     )
+                space.prepare(db, self.file)
         except StoreError:
             db.close()
             raise
@@ -850,9 +867,22 @@ class SQLiteStore:
                 str(self.file), isolation_level=None, check_same_thread=False
             )
         row = reader.execute(
-            "SELECT body FROM messages WHERE qid = ? AND mid = ?", (qid, msg.id)
+            "SELECT body, properties, crc FROM messages WHERE qid = ? AND mid = ?", (qid, msg.id)
         ).fetchone()
-        return row[0] if row is not None else None
+        if row is None:
+            return None
+        if not intact(row[2], row[1], row[0]):
+            log.error(
+                "message %d of queue '%s' in vhost '%s': its stored body (%d bytes) fails its "
+                "checksum; not used",
+                msg.id,
+                queue.name,
+                queue.vhost.name,
+                len(row[0]),
+            )
+            return None
+        body: bytes = row[0]
+        return body
 
     def load_bodies(self, ready: PagedReady, msgs: list[Message]) -> None:
         self._op((_LOAD, ready.qid, [m.id for m in msgs], ready, msgs))
@@ -1000,6 +1030,11 @@ class SQLiteStore:
             del ops  # not held while waiting: its callbacks hold publishers' connections
             if self._stopping and not handed:
                 return
+            # give disk space back: one bounded step after a batch, more while nothing waits
+            keeper = self._space
+            while keeper.pending and not self._stopping and self._failed is None:
+                if not keeper.step() or handed:
+                    break
 
     def _write(self, ops: list[tuple[Any, ...]]) -> None:
         """Write one batch. An I/O error (disk full, read-only, I/O) keeps the batch and retries
@@ -1041,6 +1076,9 @@ class SQLiteStore:
         callbacks, pageouts, loads, syncs, written = result
         self.rows_inserted += written[0]
         self.rows_deleted += written[1]
+        self._rows += written[2]
+        if written[1] or written[2] < 0:
+            self._space.deleted()
         for ev in syncs:
             ev.set()
         if callbacks or pageouts or loads:
@@ -1063,7 +1101,7 @@ class SQLiteStore:
         pageouts: list[Any] = []
         loads: list[tuple[Any, ...]] = []
         syncs: list[threading.Event] = []
-        written = [0, 0]
+        written = [0, 0, 0]
         failed = 0
         broken = False  # an operation since the last callback was left out
         t_start = time.perf_counter()
@@ -1100,6 +1138,8 @@ class SQLiteStore:
             syncs.extend(sy)
             written[0] += w[0]
             written[1] += w[1]
+            written[2] += w[2]
+        self._count_rows(written[2])
         t_commit = time.perf_counter()
         db.execute("COMMIT")
         self.t_apply += t_commit - t_start
@@ -1115,6 +1155,11 @@ class SQLiteStore:
                 first,
             )
         return callbacks, pageouts, self._read_loads(loads), syncs, written
+
+    def _count_rows(self, change: int) -> None:
+        """Inside the batch's transaction: the message row count it leaves."""
+        if change:
+            integrity.set_rows(self._db, self._rows + change)
 
     def _call_loop(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop
@@ -1133,6 +1178,7 @@ class SQLiteStore:
         t_start = time.perf_counter()
         db.execute("BEGIN")
         callbacks, pageouts, loads, syncs, written = self._apply_ops(ops)
+        self._count_rows(written[2])
         t_commit = time.perf_counter()
         db.execute("COMMIT")
         self.t_apply += t_commit - t_start
@@ -1156,7 +1202,7 @@ class SQLiteStore:
         syncs: list[threading.Event] = []
         pageouts: list[tuple[PagedReady, Message]] = []
         loads: list[tuple[Any, ...]] = []
-        written = [0, 0]  # rows inserted, rows deleted
+        written = [0, 0, 0]  # rows inserted, rows deleted, change in the row count
 
         def flush() -> None:
             if adds:
@@ -1181,12 +1227,14 @@ class SQLiteStore:
                             cnt,
                             dl,
                             holds.pop(key, None),
+                            checksum(op[6], op[7]),
                         )
                     )
                     if op[11] is not None:
                         pageouts.append((op[11], op[12]))
                 _insert_rows(db, rows)
                 written[0] += len(rows)
+                written[2] += len(rows)
                 adds.clear()
             if counts:
                 db.executemany(
@@ -1206,8 +1254,10 @@ class SQLiteStore:
                 )
                 holds.clear()
             if dels:
+                before = db.total_changes
                 _by_queue(db, "DELETE FROM messages WHERE qid = ? AND mid IN ({})", dels)
                 written[1] += len(dels)
+                written[2] -= db.total_changes - before
                 dels.clear()
             if dadds:
                 db.executemany(
@@ -1253,33 +1303,39 @@ class SQLiteStore:
             elif kind == _SQL:
                 flush()
                 for sql, params in op[1]:
+                    before = db.total_changes
                     db.execute(sql, params)
+                    if sql.startswith("DELETE FROM messages"):
+                        written[2] -= db.total_changes - before
         flush()
         return callbacks, pageouts, loads, syncs, written
 
     def _read_loads(self, loads: list[tuple[Any, ...]]) -> list[Any]:
-        """Bodies asked for by page-in operations, read after the commit."""
+        """Bodies asked for by page-in operations, read after the commit and checked against
+        their checksums: ``(ready, msgs, bodies, ids of the messages whose body fails)``."""
         db = self._db
         results = []
         for _, qid, mids, ready, msgs in loads:
             found: dict[int, bytes] = {}
+            bad: set[int] = set()
             for lo in range(0, len(mids), _CHUNK):
                 part = mids[lo : lo + _CHUNK]
-                found.update(
-                    db.execute(
-                        "SELECT mid, body FROM messages WHERE qid = ? AND mid IN "
-                        f"({','.join('?' * len(part))})",
-                        (qid, *part),
-                    )
-                )
-            results.append((ready, msgs, [found.get(mid) for mid in mids]))
+                for mid, body, props, crc in db.execute(
+                    "SELECT mid, body, properties, crc FROM messages WHERE qid = ? AND mid IN "
+                    f"({','.join('?' * len(part))})",
+                    (qid, *part),
+                ):
+                    found[mid] = body
+                    if not intact(crc, props, body):
+                        bad.add(mid)
+            results.append((ready, msgs, [found.get(mid) for mid in mids], bad))
         return results
 
     def _committed(
         self,
         callbacks: list[Callable[[], None]],
         pageouts: list[tuple[PagedReady, Message]],
-        loads: list[tuple[PagedReady, list[Message], list[bytes | None]]],
+        loads: list[tuple[PagedReady, list[Message], list[bytes | None], set[int]]],
     ) -> None:
         """On the loop, after a commit: drop paged-out bodies, deliver reads, run callbacks."""
         if pageouts:
@@ -1288,8 +1344,8 @@ class SQLiteStore:
                 if pending.pop(id(m), None) is not None and m.body is not None:
                     m.body = None  # on disk; see PagedReady
                     ready.paged += 1
-        for ready, msgs, bodies in loads:
-            ready.loaded(msgs, bodies)
+        for ready, msgs, bodies, bad in loads:
+            ready.loaded(msgs, bodies, bad)
         for cb in callbacks:
             try:
                 cb()
@@ -1407,21 +1463,23 @@ class SQLiteStore:
         cur = self._db.execute(
             "SELECT qid, mid, exchange, routing_key, properties, "
             f"CASE WHEN qid IN ({paged or '0'}) THEN NULL ELSE body END, length(body), "
-            "timestamp, arrival, delivery_count, delivered, due, timeouts FROM messages "
+            "timestamp, arrival, delivery_count, delivered, due, timeouts, crc FROM messages "
             "ORDER BY seq"
         )
         # one record per row: built with tuple.__new__ (a named tuple's own __new__ is a
         # Python function), the queue's key object shared by its records
         new = tuple.__new__
         record = MessageRecord
-        for qid, mid, ex, rk, props, body, size, ts, arrival, count, dlv, due, tmo in cur:
+        for qid, mid, ex, rk, props, body, size, ts, arrival, count, dlv, due, tmo, crc in cur:
             key = names.get(qid)
             if key is None:
                 orphans.add(qid)
                 continue
+            # a paged body (None) is checked when it is read back
+            bad = body is not None and not intact(crc, props, body)
             yield new(
                 record,
-                (key, mid, ex, rk, props, body, size, ts, arrival, count, dlv != 0, due, tmo),
+                (key, mid, ex, rk, props, body, size, ts, arrival, count, dlv != 0, due, tmo, bad),
             )
         for qid in sorted(orphans):
             log.warning("store: messages of a queue with no record (id %d) dropped", qid)
@@ -1463,9 +1521,14 @@ class SQLiteStore:
             nbytes += m.body_size
             if m.body is None:
                 row = cur.execute(
-                    "SELECT body FROM messages WHERE qid = ? AND mid = ?", (qid, m.id)
+                    "SELECT body, properties, crc FROM messages WHERE qid = ? AND mid = ?",
+                    (qid, m.id),
                 ).fetchone()
-                m.body = row[0] if row is not None else b""
+                if row is None:
+                    m.body = b""
+                elif intact(row[2], row[1], row[0]):
+                    m.body = row[0]
+                # else left paged: reading it back ahead of dispatch finds and reports it
         paged = 0
         for m in islice(r, n, None):
             if m.body is None:

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,10 @@ class BrokerProcess:
         log: Path | None = None,
         env: dict[str, str] | None = None,
         log_level: str = "WARNING",
+        python: str = sys.executable,
     ) -> None:
+        #: the interpreter that runs the broker (another one may import another tree)
+        self.python = python
         self.config = config
         self.port = port or free_port()
         self.log = log
@@ -64,7 +69,7 @@ class BrokerProcess:
         out = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [
-                sys.executable,
+                self.python,
                 "-m",
                 "plugbroker",
                 "--log-level",
@@ -131,3 +136,22 @@ class BrokerProcess:
 
     def __exit__(self, *exc: Any) -> None:
         self.kill9()
+
+
+@contextmanager
+def tmpfs(path: Path, size: int) -> Iterator[str | None]:
+    """``path`` (created if need be) on a tmpfs of ``size`` bytes until the block ends, then
+    unmounted; yields None, or why it cannot be mounted here (``mount`` needs root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        yield f"cannot mount a small filesystem here: {done.stderr.strip()}"
+        return
+    try:
+        yield None
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -31,7 +31,7 @@ def _big_store(store: Path, n: int) -> None:
     with db:
         db.execute("INSERT INTO queues VALUES (1, '/', 'big', 0, ?, 'shared', 0)", (S._table({}),))
         db.executemany(
-            "INSERT INTO messages VALUES (?, 1, ?, '', 'big', ?, ?, ?, ?, 0, 0, NULL, 0)",
+            "INSERT INTO messages VALUES (?, 1, ?, '', 'big', ?, ?, ?, ?, 0, 0, NULL, 0, NULL)",
             ((i, i, props, b"x" * 64, now, now) for i in range(1, n + 1)),
         )
     db.close()
