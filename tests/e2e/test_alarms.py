@@ -23,7 +23,7 @@ from rawclient import (
     publish_frames,
 )
 
-from plugbroker.admin import prometheus_text
+from plugbroker.admin_metrics import prometheus_text
 from plugbroker.server import WRITE_HIGH_WATER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
