@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from plugbroker.alarms import STORE, Alarm, ResourceMonitor, blocked_reason
+from plugbroker.alarms import MEMORY, STORE, Alarm, ResourceMonitor, blocked_reason
 from plugbroker.authz import Tags
 from plugbroker.budget import Budgets
 from plugbroker.clock import Clock, SystemClock
@@ -92,6 +92,8 @@ class Broker:
         #: what connection.blocked says while any alarm is raised (None: publishers run);
         #: a plain attribute, read on every publish
         self.alarm: str | None = None
+        #: the virtual hosts the memory alarm blocks (None: every connection)
+        self.memory_scope: frozenset[str] | None = None
         #: the listeners' accept loops (set by the server), for the admin view
         self.acceptors: list[Acceptor] = []
         #: delays the answer to failed logins, per peer address
@@ -374,14 +376,26 @@ class Broker:
         else:
             self.raise_alarm(STORE, reason)
 
-    def raise_alarm(self, name: str, detail: str) -> None:
+    def raise_alarm(self, name: str, detail: str, vhosts: frozenset[str] | None = None) -> None:
         """Raise the ``name`` alarm (memory, disk, store): publishers are blocked meanwhile.
-        Raising it again only updates its detail."""
+        ``vhosts``: the memory alarm blocks only the connections of these virtual hosts (None:
+        every connection). Raising it again updates its detail and widens what it blocks."""
         old = self.alarms.get(name)
         if old is not None:
             if old.detail != detail:
                 self.alarms[name] = Alarm(name, detail, old.since)
+            if name == MEMORY and self.memory_scope is not None:
+                wider = None if vhosts is None else self.memory_scope | vhosts
+                if wider != self.memory_scope:
+                    self.memory_scope = wider
+                    log.warning(
+                        "memory alarm now blocks %s",
+                        "every connection" if wider is None else "vhosts " + ", ".join(wider),
+                    )
+                    self._alarms_changed()
             return
+        if name == MEMORY:
+            self.memory_scope = vhosts
         self.alarms[name] = Alarm(name, detail, self.clock.time())
         log.warning("resource alarm raised: %s: %s", name, detail)
         self._alarms_changed()
@@ -399,14 +413,22 @@ class Broker:
             hook(name=name, raised=False, detail=detail)
 
     def _alarms_changed(self) -> None:
-        reason = blocked_reason(self.alarms)
-        was, self.alarm = self.alarm, reason
-        if (was is None) == (reason is None):
-            return  # still blocked (for another reason too) or still not
+        reason = self.alarm = blocked_reason(self.alarms)
         if reason is None:
+            self.memory_scope = None
             log.warning("publishers unblocked: no resource alarm is raised")
         for conn in list(self.connections.values()):
-            conn.set_blocked(reason)
+            conn.set_blocked(self.blocking_reason(conn))
+
+    def blocking_reason(self, conn: Connection) -> str | None:
+        """What the raised alarms block ``conn`` for (None: nothing). The disk and store alarms
+        block every connection; the memory alarm those of :attr:`memory_scope`."""
+        reason = self.alarm
+        scope = self.memory_scope
+        if reason is None or scope is None or len(self.alarms) > 1 or MEMORY not in self.alarms:
+            return reason
+        vh = conn.vhost
+        return reason if vh is not None and vh.name in scope else None
 
     def check_stalled_bodies(self) -> None:
         """Close the connections that have sat in the middle of a message body, sending

@@ -20,7 +20,7 @@ from plugbroker.runner import Running, loop_factory, start_broker, uses_tls
 
 # a broker started here shares the test process: the memory alarm must not count pytest's
 # own size as the broker's (a broker process counts its size at start; see plugbroker.alarms)
-ResourceMonitor.count_start_rss = False
+ResourceMonitor.watch_rss = False
 
 #: the users of every test broker unless a test gives its own ``users=``
 GUEST = '<user name="guest" password="guest" vhosts="/ other"/>'
