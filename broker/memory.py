@@ -143,8 +143,8 @@ def by_vhost(broker: Broker) -> dict[str, int]:
             total += queue_bytes(q)
         held[name] = total
     for conn in broker.connections.values():
-        vh = conn.vhost
-        key = vh.name if vh is not None else ""
+        where = conn.vhost
+        key = where.name if where is not None else ""
         held[key] = held.get(key, 0) + connection_bytes(conn)
     return held
 

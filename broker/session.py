@@ -547,6 +547,8 @@ class Connection(FlowControl):
         self.last_sent = now
         self.blocked = False
         self.published = False
+        #: this connection's channels as its user's count has them (Broker.check_channel_limit)
+        self.channels_counted = 0
         #: counted by the broker's connection limits (:meth:`Broker.admit`)
         self.admitted = False
         self._hb_timer: TimerHandle | None = None
@@ -1149,6 +1151,7 @@ class Connection(FlowControl):
                 f"channel {channel_id} is above the negotiated channel_max ({channel_max})",
                 CHANNEL_OPEN,
             )
+        self.broker.check_channel_limit(self)
         self.channels[channel_id] = Channel(self, channel_id)
         self.send(channel_id, "channel.open_ok", b"")
 
@@ -1317,6 +1320,7 @@ class Connection(FlowControl):
             tag = "amq.ctag-" + secrets.token_urlsafe(16)
         elif tag in ch.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", sig)
+        self.broker.check_consumer_limits(ch.vhost, len(ch.consumers))
         if q.has_exclusive_consumer() or (exclusive and q.consumers):
             raise ChannelError(
                 ACCESS_REFUSED, f"queue '{qname}' in vhost '{ch.vhost.name}' in exclusive use", sig

@@ -603,6 +603,7 @@ class Queue:
             max_unacked=self.max_unacked_per_consumer,
         )
         self.consumers.append(c)
+        self.vhost.consumer_count += 1
         self.had_consumers = True
         self._key_owner.clear()
         self.touch()
@@ -614,6 +615,7 @@ class Queue:
             self.consumers.remove(c)
         except ValueError:
             return
+        self.vhost.consumer_count -= 1
         self._key_owner.clear()
         self.touch()
         if not self.consumers:
