@@ -100,6 +100,19 @@ def drain_for(conn: Any, seconds: float) -> None:
             pass
 
 
+def close_all(*conns: Any, broker: Any = None) -> None:
+    """Close client connections, ignoring errors; with ``broker``, clear its alarms first (a
+    failed test must not leave an alarm up: a close would wait on it)."""
+    if broker is not None:
+        for name in list(broker.call(lambda: list(broker.broker.alarms))):
+            broker.call(lambda n=name: broker.broker.clear_alarm(n))
+    for c in conns:
+        try:
+            c.close()
+        except Exception:
+            pass
+
+
 class BrokerThread:
     def __init__(self, config_path: Path | None = None, **kw: Any) -> None:
         self.config_path = config_path

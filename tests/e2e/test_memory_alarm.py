@@ -9,7 +9,7 @@ from typing import Any
 
 import amqp
 import pytest
-from brokerutil import drain_for, drain_until
+from brokerutil import close_all, drain_for, drain_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -39,13 +39,7 @@ def _wait(b: Any, pred: Any, timeout: float = 5.0) -> None:
 
 
 def _close(b: Any, *conns: Any) -> None:
-    for name in list(b.call(lambda: list(b.broker.alarms))):
-        b.call(lambda n=name: b.broker.clear_alarm(n))
-    for c in conns:
-        try:
-            c.close()
-        except Exception:
-            pass
+    close_all(*conns, broker=b)
 
 
 class Bystander:
