@@ -89,7 +89,12 @@ def _flood(port: int, out: Any) -> None:
                 except TimeoutError:
                     pass
     except (OSError, amqp.exceptions.AMQPError):
-        pass  # its writes blocked: the broker stopped reading from it
+        # its writes blocked: the broker stopped reading from it; connection.blocked may
+        # still sit unread in the socket
+        try:
+            conn.drain_events(timeout=2)
+        except Exception:
+            pass
     out.put({"published": sent, "blocked": bool(blocked)})
 
 
