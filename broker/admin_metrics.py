@@ -290,7 +290,7 @@ def broker_lines(api: BrokerAPI) -> list[str]:
     family(
         "plugbroker_memory_used_bytes",
         "gauge",
-        "What the memory alarm counts: queued messages, partial bodies, unsent output.",
+        "What the memory alarm compares with its watermark: the resident size, or the account.",
         [("", r.memory_used)],
     )
     if r.memory_high_watermark is not None:

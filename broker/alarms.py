@@ -9,20 +9,21 @@ counts as disk).
 :class:`ResourceMonitor` raises and clears the memory and disk alarms from a timer on the
 broker's clock; the store raises its own through ``Store.attach(clock, on_alarm)``.
 
-What the memory alarm counts (:meth:`ResourceMonitor.memory_used`), O(queues + connections):
-
-* the process' resident size when the broker started (the interpreter, its modules, the
-  recovered state): the watermark bounds the whole process, as RabbitMQ's does;
-* queued messages: each queue's byte total (kept as messages come and go) plus a fixed
-  per-message overhead (:data:`MESSAGE_OVERHEAD`), less the bodies a store has paged out;
-* message bodies still arriving (the codec's ``partial_bytes``) and unparsed input;
-* output not yet written to the socket (the transport's write buffer).
+The memory alarm watches the process' resident set size (RSS, read from ``/proc/self/statm``),
+as RabbitMQ's watches the memory its VM holds: message bodies and headers, queues, bindings,
+channels, connections, the interpreter and the allocator's slack all count. RSS is read every
+:data:`MEMORY_CHECK_PERIOD` and whenever clients have sent a share of the room left below the
+watermark (O(1)); the accounting of :mod:`plugbroker.memory` (what each virtual host's queues and
+connections hold, O(queues + connections)) runs at a period stretched to its cost and chooses
+whom the alarm blocks: the heaviest virtual hosts, until those left hold less than
+:data:`SPARE_SHARE` of the watermark together. If the resident size still rises to
+:data:`BLOCK_ALL_RATIO` times the watermark, the alarm blocks every connection. Where there is no
+RSS to read (not Linux, or a broker sharing its process with a test run), the alarm counts the
+accounting alone.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
 import time
@@ -30,6 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from plugbroker import memory
+from plugbroker.memory import MESSAGE_OVERHEAD, Trimmer
 
 if TYPE_CHECKING:
     from plugbroker.app import Broker
@@ -44,34 +48,50 @@ RESOURCE = {MEMORY: "memory", DISK: "disk", STORE: "disk"}
 
 #: the memory alarm clears below this fraction of the high watermark
 LOW_WATERMARK_RATIO = 0.9
-#: bytes a queued message costs beyond its body (the message object, its properties, its
-#: entries in the queue's maps); measured with bench/flood_bench.py on CPython 3.12
-MESSAGE_OVERHEAD = 700
-#: the memory check's period; it stretches so that a check costs at most 2% of the loop
+#: the memory alarm blocks every connection once the resident size reaches this multiple of the
+#: high watermark (it blocks the heaviest virtual hosts first)
+BLOCK_ALL_RATIO = 1.1
+#: the virtual hosts the memory alarm spares hold less than this share of the watermark together
+SPARE_SHARE = 0.1
+#: the RSS check's period
 MEMORY_CHECK_PERIOD = 0.1
-MEMORY_CHECK_MAX_PERIOD = 1.0
+#: the accounting's least and greatest period; in between, it stretches so that it costs at most
+#: 2% of the loop
+ACCOUNTING_PERIOD = 0.1
+ACCOUNTING_MAX_PERIOD = 2.0
 #: the disk check's period
 DISK_CHECK_PERIOD = 1.0
-#: the least input between two checks the input triggers (below the watermark)
+#: input re-checks memory at least this often (bytes), and at most once per this many bytes
+#: while an alarm is raised; below the watermark, once per :data:`INGEST_SHARE` of the room left
 INGEST_MIN_ROOM = 256 * 1024
-#: while an alarm is raised, input re-checks memory at most once per this many bytes read
 INGEST_RECHECK = 16 * 1024 * 1024
-#: memory used falling by this much since the last trim hands freed heap pages back to the
-#: system (``malloc_trim``): freed bodies otherwise stay in the process' heap
-TRIM_STEP = 64 * 1024 * 1024
+INGEST_SHARE = 4
 
 
-def _malloc_trim() -> Callable[[], None] | None:
-    """glibc's ``malloc_trim(0)``, or None where there is none."""
-    try:
-        name = ctypes.util.find_library("c")
-        if not name:
+class RssReader:
+    """This process' resident set size, read from ``/proc/self/statm`` through a descriptor
+    kept open (one ``pread``: a few microseconds)."""
+
+    def __init__(self) -> None:
+        self.fd = os.open("/proc/self/statm", os.O_RDONLY)
+        self.page = os.sysconf("SC_PAGE_SIZE")
+
+    def __call__(self) -> int | None:
+        try:
+            return int(os.pread(self.fd, 128, 0).split()[1]) * self.page
+        except (OSError, ValueError, IndexError):
             return None
-        fn = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def rss_reader() -> Callable[[], int | None] | None:
+    """An :class:`RssReader`, or None where there is no ``/proc/self/statm``."""
+    try:
+        return RssReader()
+    except OSError:
         return None
-    fn.argtypes = [ctypes.c_size_t]
-    return lambda: fn(0) and None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +133,7 @@ def physical_memory() -> int | None:
 
 
 def rss_bytes() -> int | None:
-    """This process' resident set size (Linux), for the admin view and metrics only."""
+    """This process' resident set size (Linux), read once (the alarm uses an :class:`RssReader`)."""
     try:
         with open("/proc/self/statm", "rb") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -132,14 +152,17 @@ def format_bytes(n: float) -> str:
 class ResourceMonitor:
     """Checks memory and free disk space on the broker's timer heap (its clock)."""
 
-    #: count the process' RSS at start in the memory used (False for a broker that shares its
-    #: process with something else, e.g. a test run, whose size is not the broker's)
-    count_start_rss = True
+    #: watch the process' resident size (False for a broker that shares its process with
+    #: something else, e.g. a test run, whose size is not the broker's: the accounting alone
+    #: counts then)
+    watch_rss = True
 
     def __init__(self, broker: Broker, *, statvfs: Callable[[str], Any] = os.statvfs) -> None:
         self.broker = broker
         #: replaceable (tests): ``os.statvfs``'s signature
         self.statvfs = statvfs
+        #: replaceable (tests): the process' resident size in bytes (None: not known)
+        self.read_rss: Callable[[], int | None] | None = rss_reader() if self.watch_rss else None
         limits = broker.limits
         if limits.memory_high_watermark_bytes is not None:
             self.high_watermark: int | None = limits.memory_high_watermark_bytes
@@ -154,18 +177,21 @@ class ResourceMonitor:
         store_dir = getattr(broker.store, "dir", None)
         #: the directory whose filesystem the disk check watches (None: no store on disk)
         self.disk_path: str | None = str(store_dir) if store_dir is not None else None
+        #: what the memory alarm last compared with the watermark: the resident size (or the
+        #: accounting, if it is larger or there is no resident size)
         self.memory_used_last = 0
-        #: the process' RSS when the checks started (counted in :meth:`memory_used`)
-        self.baseline = 0
+        #: the accounting's last figures: in total and by virtual host
+        self.accounted_last = 0
+        self.held_by_vhost: dict[str, int] = {}
         self.disk_free_last: int | None = None
-        self.memory_period = MEMORY_CHECK_PERIOD
+        self.accounting_period = ACCOUNTING_PERIOD
+        self._accounting_due = 0.0
         #: bytes read from clients since the last memory check (:meth:`Connection.data_received`
         #: adds to it); past :attr:`ingest_room` the memory check runs at once, so a burst cannot
         #: overshoot the watermark by more than one read between two timed checks
         self.ingested = 0
         self.ingest_room = 1 << 62
-        self._trim = _malloc_trim()
-        self._trim_mark = 0
+        self.trimmer = Trimmer()
         self._timers: list[Any] = []
         self.running = False
 
@@ -175,14 +201,14 @@ class ResourceMonitor:
         if self.running:
             return
         self.running = True
-        self.baseline = (rss_bytes() or 0) if self.count_start_rss else 0
         high = self.high_watermark
-        if high is not None and self.baseline >= (self.low_watermark or high):
+        size = self.read_rss() if self.read_rss is not None else None
+        if high is not None and size is not None and size >= (self.low_watermark or high):
             log.warning(
                 "memoryHighWatermark %s is not above the process' size at start (%s): the "
                 "memory alarm will stay raised",
                 format_bytes(high),
-                format_bytes(self.baseline),
+                format_bytes(size),
             )
         self._memory_tick()
         if self.disk_path is not None:
@@ -197,13 +223,18 @@ class ResourceMonitor:
     def _memory_tick(self) -> None:
         if not self.running:
             return
-        started = time.perf_counter()
-        self.check_memory()
-        self.broker.check_stalled_bodies()
-        cost = time.perf_counter() - started
-        self.memory_period = min(MEMORY_CHECK_MAX_PERIOD, max(MEMORY_CHECK_PERIOD, 50 * cost))
+        now = self.broker.clock.monotonic()
+        if now >= self._accounting_due or self.read_rss is None:
+            started = time.perf_counter()
+            self.check_memory()
+            self.broker.check_stalled_bodies()
+            cost = time.perf_counter() - started
+            self.accounting_period = min(ACCOUNTING_MAX_PERIOD, max(ACCOUNTING_PERIOD, 50 * cost))
+            self._accounting_due = now + self.accounting_period
+        else:
+            self.check_rss()
         self._timers = [t for t in self._timers if not t.cancelled]
-        self._timers.append(self.broker.timers.call_later(self.memory_period, self._memory_tick))
+        self._timers.append(self.broker.timers.call_later(MEMORY_CHECK_PERIOD, self._memory_tick))
 
     def _disk_tick(self) -> None:
         if not self.running:
@@ -215,52 +246,79 @@ class ResourceMonitor:
     # ------------------------------------------------------------------ checks
 
     def memory_used(self) -> int:
-        """What the broker holds, in bytes (see the module's docstring): O(queues + conns)."""
-        total = self.baseline
-        overhead = MESSAGE_OVERHEAD
-        for vh in self.broker.vhosts.values():
-            for q in vh.queues.values():
-                n = len(q.held)
-                if not n:
-                    continue
-                body = q.bytes
-                paged = getattr(q.ready, "paged", 0)
-                if paged > 0:
-                    body -= body * min(paged, n) // n
-                total += body + n * overhead
-        for conn in self.broker.connections.values():
-            total += conn.held_bytes()
-        return total
+        """What the accounting says the broker holds, in bytes (:mod:`plugbroker.memory`):
+        O(queues + connections)."""
+        return sum(memory.by_vhost(self.broker).values())
+
+    def ingest(self, n: int) -> None:
+        """``n`` bytes were read from a client: check memory once enough came in."""
+        self.ingested += n
+        if self.ingested > self.ingest_room:
+            self.check_rss()
+
+    def check_rss(self) -> int | None:
+        """The O(1) check: read the resident size, and run the full :meth:`check_memory` only
+        if the alarm may change (None: there is no resident size; the full check ran)."""
+        self.ingested = 0
+        rss = self.read_rss() if self.read_rss is not None else None
+        high = self.high_watermark
+        if rss is None or high is None:
+            self.check_memory()
+            return None
+        used = self.memory_used_last = max(rss, self.accounted_last)
+        raised = MEMORY in self.broker.alarms
+        if (
+            (not raised and used > high)
+            or (raised and self.low_watermark is not None and used < self.low_watermark)
+            or (raised and used >= high * BLOCK_ALL_RATIO and self.broker.memory_scope)
+        ):
+            self.check_memory()
+        else:
+            self._set_room(used, raised)
+        return rss
 
     def check_memory(self) -> int:
-        used = self.memory_used_last = self.memory_used()
+        """The full check: the accounting (whom to block), the resident size, the alarm."""
+        held = self.held_by_vhost = memory.by_vhost(self.broker)
+        accounted = self.accounted_last = sum(held.values())
+        self.trimmer.update(accounted)
+        rss = self.read_rss() if self.read_rss is not None else None
+        used = self.memory_used_last = max(rss or 0, accounted)
         self.ingested = 0
         high = self.high_watermark
-        if self._trim is not None:
-            if used > self._trim_mark:
-                self._trim_mark = used
-            elif used < self._trim_mark - TRIM_STEP:
-                self._trim_mark = used
-                self._trim()
         if high is None:
             return used
-        self.ingest_room = max(high - used, INGEST_MIN_ROOM)
         raised = MEMORY in self.broker.alarms
-        if not raised and used > high:
-            self.broker.raise_alarm(
-                MEMORY,
-                f"memory used {format_bytes(used)} is above the high watermark "
-                f"{format_bytes(high)}",
-            )
+        if used > high:
+            if used >= high * BLOCK_ALL_RATIO:
+                scope = None
+            else:
+                scope = memory.heaviest(held, int(high * SPARE_SHARE))
+            self.broker.raise_alarm(MEMORY, self._detail(used, held), scope or None)
         elif raised and self.low_watermark is not None and used < self.low_watermark:
             self.broker.clear_alarm(
                 MEMORY,
                 f"memory used {format_bytes(used)} is below the low watermark "
                 f"{format_bytes(self.low_watermark)}",
             )
-        if MEMORY in self.broker.alarms:
-            self.ingest_room = max(self.ingest_room, INGEST_RECHECK)
+        self._set_room(used, MEMORY in self.broker.alarms)
         return used
+
+    def _detail(self, used: int, held: dict[str, int]) -> str:
+        heavy = ", ".join(f"'{name}' {format_bytes(n)}" for name, n in memory.top(held) if name)
+        return (
+            f"memory used {format_bytes(used)} is above the high watermark "
+            f"{format_bytes(self.high_watermark or 0)} (heaviest vhosts: {heavy or 'none'})"
+        )
+
+    def _set_room(self, used: int, raised: bool) -> None:
+        high = self.high_watermark
+        if high is None:
+            self.ingest_room = 1 << 62
+        elif raised:
+            self.ingest_room = INGEST_RECHECK
+        else:
+            self.ingest_room = max((high - used) // INGEST_SHARE, INGEST_MIN_ROOM)
 
     def check_disk(self) -> int | None:
         if self.disk_path is None:
@@ -297,6 +355,7 @@ __all__ = [
     "STORE",
     "Alarm",
     "ResourceMonitor",
+    "RssReader",
     "blocked_reason",
     "physical_memory",
     "rss_bytes",

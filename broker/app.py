@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from plugbroker.alarms import STORE, Alarm, ResourceMonitor, blocked_reason
+from plugbroker.alarms import MEMORY, STORE, Alarm, ResourceMonitor, blocked_reason
 from plugbroker.authz import Tags
 from plugbroker.budget import Budgets
 from plugbroker.clock import Clock, SystemClock
-from plugbroker.codec.ids import QUEUE_DECLARE
+from plugbroker.codec.ids import BASIC_CONSUME, CHANNEL_OPEN, QUEUE_DECLARE
 from plugbroker.config.users import Permission, is_loopback
 from plugbroker.core.access import revoke_lost_access
 from plugbroker.core.api import BrokerAPI
@@ -33,7 +33,13 @@ from plugbroker.domain.message import MessageIds
 from plugbroker.domain.queue import SHARED, Queue
 from plugbroker.domain.timers import Timers
 from plugbroker.domain.vhost import NoHooks, VirtualHost
-from plugbroker.errors import PRECONDITION_FAILED, RESOURCE_ERROR, ChannelError
+from plugbroker.errors import (
+    NOT_ALLOWED,
+    PRECONDITION_FAILED,
+    RESOURCE_ERROR,
+    ChannelError,
+    ConnectionError_,
+)
 from plugbroker.guard import Acceptor, LoginThrottle
 from plugbroker.policy import (
     Action,
@@ -92,6 +98,10 @@ class Broker:
         #: what connection.blocked says while any alarm is raised (None: publishers run);
         #: a plain attribute, read on every publish
         self.alarm: str | None = None
+        #: the virtual hosts the memory alarm blocks (None: every connection)
+        self.memory_scope: frozenset[str] | None = None
+        #: open channels per user, as last counted (:meth:`check_channel_limit`)
+        self.user_channels: dict[str, int] = {}
         #: the listeners' accept loops (set by the server), for the admin view
         self.acceptors: list[Acceptor] = []
         #: delays the answer to failed logins, per peer address
@@ -267,6 +277,7 @@ class Broker:
 
     def connection_closed(self, conn: Connection) -> None:
         if self.connections.pop(conn.id, None) is not None:
+            self.uncount_channels(conn)
             h = self.hooks.connection_closed
             if h is not None:
                 h(connection_id=conn.id, code=0, text=conn.close_reason)
@@ -318,6 +329,60 @@ class Broker:
                 f"({max_queues}) is reached",
                 QUEUE_DECLARE,
             )
+
+    def check_channel_limit(self, conn: Connection) -> None:
+        """Refuse (530, counted) a channel.open past ``<limits><maxChannelsPerUser>``: the
+        user's channels over all its connections, counted as each connection opens one
+        (:attr:`Connection.channels_counted`) and recounted exactly before refusing."""
+        limit = self.config.limits.max_channels_per_user
+        if not limit:
+            return
+        user = conn.user
+        counts = self.user_channels
+        n = counts.get(user, 0) + len(conn.channels) - conn.channels_counted
+        if n >= limit:  # what closed channels left behind is counted again
+            n = sum(len(c.channels) for c in self.connections.values() if c.user == user)
+            for c in self.connections.values():
+                if c.user == user:
+                    c.channels_counted = len(c.channels)
+        conn.channels_counted = len(conn.channels)
+        counts[user] = n
+        if n >= limit:
+            self.refused("maxChannelsPerUser")
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"number of channels opened for user '{user}' has reached the maximum allowed "
+                f"user limit of ({limit})",
+                CHANNEL_OPEN,
+            )
+        counts[user] = n + 1  # the channel being opened
+        conn.channels_counted += 1
+
+    def uncount_channels(self, conn: Connection) -> None:
+        """``conn`` is gone: its channels no longer count for its user."""
+        n = self.user_channels.get(conn.user, 0) - conn.channels_counted
+        conn.channels_counted = 0
+        if n > 0:
+            self.user_channels[conn.user] = n
+        else:
+            self.user_channels.pop(conn.user, None)
+
+    def check_consumer_limits(self, vh: VirtualHost, consumers: int) -> None:
+        """Refuse (530, counted, as RabbitMQ's ``consumer_max_per_channel``) a basic.consume
+        on a channel holding ``consumers`` past ``<limits><maxConsumersPerChannel>``, or in a
+        vhost past ``<maxConsumersPerVhost>``."""
+        lim = self.config.limits
+        if lim.max_consumers_per_channel and consumers >= lim.max_consumers_per_channel:
+            self.refused("maxConsumersPerChannel")
+            text = f"reached maximum ({lim.max_consumers_per_channel}) of consumers per channel"
+        elif lim.max_consumers_per_vhost and vh.consumer_count >= lim.max_consumers_per_vhost:
+            self.refused("maxConsumersPerVhost")
+            text = (
+                f"reached maximum ({lim.max_consumers_per_vhost}) of consumers in vhost '{vh.name}'"
+            )
+        else:
+            return
+        raise ConnectionError_(NOT_ALLOWED, text, BASIC_CONSUME)
 
     def _binding_limits(self, vh: VirtualHost) -> None:
         """Give ``vh`` the ``<limits>`` on bindings (they follow a reload)."""
@@ -374,14 +439,26 @@ class Broker:
         else:
             self.raise_alarm(STORE, reason)
 
-    def raise_alarm(self, name: str, detail: str) -> None:
+    def raise_alarm(self, name: str, detail: str, vhosts: frozenset[str] | None = None) -> None:
         """Raise the ``name`` alarm (memory, disk, store): publishers are blocked meanwhile.
-        Raising it again only updates its detail."""
+        ``vhosts``: the memory alarm blocks only the connections of these virtual hosts (None:
+        every connection). Raising it again updates its detail and widens what it blocks."""
         old = self.alarms.get(name)
         if old is not None:
             if old.detail != detail:
                 self.alarms[name] = Alarm(name, detail, old.since)
+            if name == MEMORY and self.memory_scope is not None:
+                wider = None if vhosts is None else self.memory_scope | vhosts
+                if wider != self.memory_scope:
+                    self.memory_scope = wider
+                    log.warning(
+                        "memory alarm now blocks %s",
+                        "every connection" if wider is None else "vhosts " + ", ".join(wider),
+                    )
+                    self._alarms_changed()
             return
+        if name == MEMORY:
+            self.memory_scope = vhosts
         self.alarms[name] = Alarm(name, detail, self.clock.time())
         log.warning("resource alarm raised: %s: %s", name, detail)
         self._alarms_changed()
@@ -399,14 +476,22 @@ class Broker:
             hook(name=name, raised=False, detail=detail)
 
     def _alarms_changed(self) -> None:
-        reason = blocked_reason(self.alarms)
-        was, self.alarm = self.alarm, reason
-        if (was is None) == (reason is None):
-            return  # still blocked (for another reason too) or still not
+        reason = self.alarm = blocked_reason(self.alarms)
         if reason is None:
+            self.memory_scope = None
             log.warning("publishers unblocked: no resource alarm is raised")
         for conn in list(self.connections.values()):
-            conn.set_blocked(reason)
+            conn.set_blocked(self.blocking_reason(conn))
+
+    def blocking_reason(self, conn: Connection) -> str | None:
+        """What the raised alarms block ``conn`` for (None: nothing). The disk and store alarms
+        block every connection; the memory alarm those of :attr:`memory_scope`."""
+        reason = self.alarm
+        scope = self.memory_scope
+        if reason is None or scope is None or len(self.alarms) > 1 or MEMORY not in self.alarms:
+            return reason
+        vh = conn.vhost
+        return reason if vh is not None and vh.name in scope else None
 
     def check_stalled_bodies(self) -> None:
         """Close the connections that have sat in the middle of a message body, sending

@@ -112,6 +112,7 @@ from plugbroker.errors import (
     ConnectionError_,
 )
 from plugbroker.guard import ACCEPT, throttled_text, under_attack_text
+from plugbroker.session_flow import FlowControl
 from plugbroker.session_state import (
     DISCARDING,
     HANDSHAKE,
@@ -473,7 +474,7 @@ class Channel:
         self.polled.clear()
 
 
-class Connection:
+class Connection(FlowControl):
     """One client connection."""
 
     def __init__(
@@ -546,6 +547,8 @@ class Connection:
         self.last_sent = now
         self.blocked = False
         self.published = False
+        #: this connection's channels as its user's count has them (Broker.check_channel_limit)
+        self.channels_counted = 0
         #: counted by the broker's connection limits (:meth:`Broker.admit`)
         self.admitted = False
         self._hb_timer: TimerHandle | None = None
@@ -648,10 +651,7 @@ class Connection:
             return
         self.last_recv = self.clock.monotonic()
         self.codec.receive_data(data)
-        mon = self.broker.monitor
-        mon.ingested += len(data)
-        if mon.ingested > mon.ingest_room:
-            mon.check_memory()
+        self.broker.monitor.ingest(len(data))
         self.process()
 
     def process(self) -> None:
@@ -1094,9 +1094,8 @@ class Connection:
         self.send(0, "connection.open_ok", "")
         if self.heartbeat:
             self._hb_timer = self.broker.timers.call_later(self.heartbeat / 2, self._hb_tick)
-        if self.broker.alarm and self.client_caps.get("connection.blocked"):
-            self.send(0, "connection.blocked", self.broker.alarm)
-            self.notified_blocked = True
+        if self.broker.alarm:
+            self.set_blocked(self.broker.blocking_reason(self))
         log.info(
             "connection %s (%s) opened: user %r vhost %r heartbeat %ds",
             self.id,
@@ -1139,81 +1138,6 @@ class Connection:
             self.flush()
         self._hb_timer = self.broker.timers.call_later(hb / 2, self._hb_tick)
 
-    def set_blocked(self, reason: str | None) -> None:
-        """A resource alarm went on (``reason``: the first one) or off (None: the last one).
-
-        Every open connection that advertised the capability hears connection.blocked; the
-        broker stops reading from those that publish (that have published, or are sending
-        a message body now). The others are stopped at their first publish
-        (:meth:`_publish`). All hear connection.unblocked when the last alarm clears.
-        """
-        if reason is not None:
-            if self.state is OPEN and self.client_caps.get("connection.blocked"):
-                self.send(0, "connection.blocked", reason)
-                self.notified_blocked = True
-            if self.published or self.codec.partial_bytes:
-                self.block()
-            return
-        if self.notified_blocked:
-            self.notified_blocked = False
-            if self.state is OPEN:
-                self.send(0, "connection.unblocked")
-        if self.blocked:
-            self.blocked = False
-            self._stall_mark = None
-            self._sync_reading()
-            # its acks went unread while it was blocked: its consumers' ack clocks restart
-            # now, as on an ack, so isolation never takes a consumer for stuck because the
-            # broker was not listening to it
-            now = self.clock.monotonic()
-            for ch in self.channels.values():
-                for c in ch.consumers.values():
-                    if c.unacked:
-                        fate.restart_clock(c, now)
-
-    def block(self) -> None:
-        """Stop reading from this publisher while a resource alarm is raised."""
-        if not self.blocked:
-            self.blocked = True
-            self._sync_reading()
-
-    def unsent_bytes(self) -> int:
-        """Output written to the transport and not yet on the socket, plus this turn's."""
-        size = getattr(self.transport, "get_write_buffer_size", None)
-        pending = sum(map(len, self.out))
-        return pending + (size() if size is not None else 0)
-
-    def held_bytes(self) -> int:
-        """What this connection holds in memory: message bodies still arriving, unparsed
-        input, unsent output (the memory alarm counts it)."""
-        codec = self.codec
-        return codec.partial_bytes + codec.buffered() + self.unsent_bytes()
-
-    def check_body_stall(self, now: float, timeout: float) -> None:
-        """Close the connection (320) if it has sat in the middle of a message body, its
-        partial bytes unchanged, for ``timeout`` seconds. During a resource alarm a connection
-        caught in the middle of a body is blocked too, and its time blocked counts: its partial
-        body is memory nobody can use, and the broker, not reading, would not even see the
-        client leave."""
-        partial = self.codec.partial_bytes
-        if not partial or self.state is not OPEN:
-            self._stall_mark = None
-            return
-        if self.broker.alarm is not None and not self.blocked:
-            self.block()
-        mark = self._stall_mark
-        if mark is None or mark[0] != partial:
-            self._stall_mark = (partial, now)
-            return
-        if now - mark[1] >= timeout:
-            self.connection_error(
-                ConnectionError_(
-                    CONNECTION_FORCED,
-                    f"message body stalled: {partial} bytes received, nothing more for "
-                    f"{now - mark[1]:.1f} s (limit {timeout:g} s)",
-                )
-            )
-
     # ================================================================ channel class
 
     def _channel_open(self, channel_id: int) -> None:
@@ -1227,6 +1151,7 @@ class Connection:
                 f"channel {channel_id} is above the negotiated channel_max ({channel_max})",
                 CHANNEL_OPEN,
             )
+        self.broker.check_channel_limit(self)
         self.channels[channel_id] = Channel(self, channel_id)
         self.send(channel_id, "channel.open_ok", b"")
 
@@ -1266,6 +1191,7 @@ class Connection:
         )
         if not m.nowait:
             self.send(ch.id, "exchange.declare_ok")
+        self.grew(not m.passive)
 
     def _exchange_delete(self, ch: Channel, m: ExchangeDelete) -> None:
         if m.exchange:
@@ -1283,6 +1209,7 @@ class Connection:
         vh.bind(s, d, m.routing_key, m.arguments)
         if not m.nowait:
             self.send(ch.id, "exchange.bind_ok")
+        self.grew()
 
     def _exchange_unbind(self, ch: Channel, m: ExchangeUnbind) -> None:
         self.require(authz.exchange_bind(m.source, m.destination), EXCHANGE_UNBIND)
@@ -1307,7 +1234,7 @@ class Connection:
             self.broker.check_queue_limit(
                 vh, name or server_name, new=bool(server_name) or name not in vh.queues
             )
-        q, _created = vh.declare_queue(
+        q, created = vh.declare_queue(
             name,
             server_name=server_name,
             passive=m.passive,
@@ -1320,6 +1247,7 @@ class Connection:
         )
         if not m.nowait:
             self.send(ch.id, "queue.declare_ok", q.name, q.ready_count, len(q.consumers))
+        self.grew(created)
 
     def _queue_bind(self, ch: Channel, m: QueueBind) -> None:
         self.require(authz.queue_bind(m.queue, m.exchange), QUEUE_BIND)
@@ -1329,6 +1257,7 @@ class Connection:
         vh.bind(ex, q, m.routing_key, m.arguments)
         if not m.nowait:
             self.send(ch.id, "queue.bind_ok")
+        self.grew()
 
     def _queue_unbind(self, ch: Channel, m: QueueUnbind) -> None:
         self.require(authz.queue_bind(m.queue, m.exchange), QUEUE_UNBIND)
@@ -1391,6 +1320,7 @@ class Connection:
             tag = "amq.ctag-" + secrets.token_urlsafe(16)
         elif tag in ch.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", sig)
+        self.broker.check_consumer_limits(ch.vhost, len(ch.consumers))
         if q.has_exclusive_consumer() or (exclusive and q.consumers):
             raise ChannelError(
                 ACCESS_REFUSED, f"queue '{qname}' in vhost '{ch.vhost.name}' in exclusive use", sig
@@ -1551,8 +1481,7 @@ class Connection:
         if ev.immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", BASIC_PUBLISH)
         if self.broker.alarm is not None and not self.blocked:
-            # first publish during a resource alarm: stop reading from this publisher too
-            self.block()
+            self.block_if_alarmed()  # first publish during a resource alarm
         if ch.tx:
             # refuse a bad target now (as RabbitMQ does), not half-way through tx.commit
             vh = ch.vhost

@@ -20,7 +20,7 @@ from plugbroker.runner import Running, loop_factory, start_broker, uses_tls
 
 # a broker started here shares the test process: the memory alarm must not count pytest's
 # own size as the broker's (a broker process counts its size at start; see plugbroker.alarms)
-ResourceMonitor.count_start_rss = False
+ResourceMonitor.watch_rss = False
 
 #: the users of every test broker unless a test gives its own ``users=``
 GUEST = '<user name="guest" password="guest" vhosts="/ other"/>'
@@ -97,6 +97,19 @@ def drain_for(conn: Any, seconds: float) -> None:
         try:
             conn.drain_events(timeout=min(left, 0.1))
         except TimeoutError:
+            pass
+
+
+def close_all(*conns: Any, broker: Any = None) -> None:
+    """Close client connections, ignoring errors; with ``broker``, clear its alarms first (a
+    failed test must not leave an alarm up: a close would wait on it)."""
+    if broker is not None:
+        for name in list(broker.call(lambda: list(broker.broker.alarms))):
+            broker.call(lambda n=name: broker.broker.clear_alarm(n))
+    for c in conns:
+        try:
+            c.close()
+        except Exception:
             pass
 
 

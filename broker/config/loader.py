@@ -38,6 +38,7 @@ from plugbroker.config.context import ParseContext, children, local_name, quote
 from plugbroker.config.errors import ConfigError
 from plugbroker.config.model import (
     DEFAULT_TOPIC_EXCHANGE,
+    TENANT_LIMITS,
     XML_TRUE,
     BlastRadiusConfig,
     BrokerConfig,
@@ -436,10 +437,10 @@ class _Loader:
             handshake_timeout=c.duration(el, "handshakeTimeout", 10.0),
             max_message_size=c.size(el, "maxMessageSize", 128 * 1024 * 1024, minimum=1),
             max_connections=c.integer(el, "maxConnections", 0, minimum=0),
-            max_connections_per_user=c.integer(el, "maxConnectionsPerUser", 0, minimum=0),
-            max_queues_per_vhost=c.integer(el, "maxQueuesPerVhost", 0, minimum=0),
-            max_bindings_per_exchange=c.integer(el, "maxBindingsPerExchange", 0, minimum=0),
-            max_bindings_per_vhost=c.integer(el, "maxBindingsPerVhost", 0, minimum=0),
+            **{
+                field: c.integer(el, name, default, minimum=0)
+                for field, name, default in TENANT_LIMITS
+            },
             login_failure_delay=delay,
             login_failure_delay_max=delay_max,
             **self._watermark(el),

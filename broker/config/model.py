@@ -157,6 +157,29 @@ class TlsConfig:
         )
 
 
+#: the default limits on what one tenant may hold (0 lifts a limit): together, about 270 MB at
+#: the costs measured per object (4.4 KB a queue, 1.1 KB a binding, 1.4 KB a channel, 5.2 KB
+#: an idle connection, 1 KB a consumer), under the default memory watermark of any machine
+#: with 1 GB or more; docs/operations.md (Limits) gives the arithmetic
+DEFAULT_MAX_CONNECTIONS_PER_USER = 1000
+DEFAULT_MAX_CHANNELS_PER_USER = 10_000
+DEFAULT_MAX_QUEUES_PER_VHOST = 20_000
+DEFAULT_MAX_BINDINGS_PER_EXCHANGE = 50_000
+DEFAULT_MAX_BINDINGS_PER_VHOST = 100_000
+DEFAULT_MAX_CONSUMERS_PER_CHANNEL = 1000
+DEFAULT_MAX_CONSUMERS_PER_VHOST = 50_000
+#: (Limits field, ``<limits>`` element, default) of the limits on what a tenant may hold
+TENANT_LIMITS = (
+    ("max_connections_per_user", "maxConnectionsPerUser", DEFAULT_MAX_CONNECTIONS_PER_USER),
+    ("max_channels_per_user", "maxChannelsPerUser", DEFAULT_MAX_CHANNELS_PER_USER),
+    ("max_queues_per_vhost", "maxQueuesPerVhost", DEFAULT_MAX_QUEUES_PER_VHOST),
+    ("max_bindings_per_exchange", "maxBindingsPerExchange", DEFAULT_MAX_BINDINGS_PER_EXCHANGE),
+    ("max_bindings_per_vhost", "maxBindingsPerVhost", DEFAULT_MAX_BINDINGS_PER_VHOST),
+    ("max_consumers_per_channel", "maxConsumersPerChannel", DEFAULT_MAX_CONSUMERS_PER_CHANNEL),
+    ("max_consumers_per_vhost", "maxConsumersPerVhost", DEFAULT_MAX_CONSUMERS_PER_VHOST),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Connection limits offered in connection.tune and enforced by the front end."""
@@ -172,13 +195,20 @@ class Limits:
     #: open client connections the broker accepts (0: no limit), RabbitMQ's connection_max
     max_connections: int = 0
     #: open connections one user may hold (0: no limit), RabbitMQ's user max-connections
-    max_connections_per_user: int = 0
+    max_connections_per_user: int = DEFAULT_MAX_CONNECTIONS_PER_USER
+    #: open channels one user may hold over its connections (0: no limit), RabbitMQ's user
+    #: max-channels
+    max_channels_per_user: int = DEFAULT_MAX_CHANNELS_PER_USER
     #: queues one virtual host may hold (0: no limit), RabbitMQ's vhost max-queues
-    max_queues_per_vhost: int = 0
+    max_queues_per_vhost: int = DEFAULT_MAX_QUEUES_PER_VHOST
     #: bindings one exchange may have as their source (0: no limit)
-    max_bindings_per_exchange: int = 0
+    max_bindings_per_exchange: int = DEFAULT_MAX_BINDINGS_PER_EXCHANGE
     #: bindings one virtual host may hold (0: no limit)
-    max_bindings_per_vhost: int = 0
+    max_bindings_per_vhost: int = DEFAULT_MAX_BINDINGS_PER_VHOST
+    #: consumers one channel may hold (0: no limit), RabbitMQ's consumer_max_per_channel
+    max_consumers_per_channel: int = DEFAULT_MAX_CONSUMERS_PER_CHANNEL
+    #: consumers one virtual host may hold (0: no limit)
+    max_consumers_per_vhost: int = DEFAULT_MAX_CONSUMERS_PER_VHOST
     #: seconds the answer to the first failed login from a peer address is delayed; each
     #: further failure from that address doubles it, up to :attr:`login_failure_delay_max`
     #: (0 disables the throttle)
@@ -212,10 +242,13 @@ class Limits:
             f"{format_duration(self.handshake_timeout)}, maxMessageSize "
             f"{format_size(self.max_message_size)}, maxConnections "
             f"{limit(self.max_connections)}, maxConnectionsPerUser "
-            f"{limit(self.max_connections_per_user)}, maxQueuesPerVhost "
+            f"{limit(self.max_connections_per_user)}, maxChannelsPerUser "
+            f"{limit(self.max_channels_per_user)}, maxQueuesPerVhost "
             f"{limit(self.max_queues_per_vhost)}, maxBindingsPerExchange "
             f"{limit(self.max_bindings_per_exchange)}, maxBindingsPerVhost "
-            f"{limit(self.max_bindings_per_vhost)}, loginFailureDelay "
+            f"{limit(self.max_bindings_per_vhost)}, maxConsumersPerChannel "
+            f"{limit(self.max_consumers_per_channel)}, maxConsumersPerVhost "
+            f"{limit(self.max_consumers_per_vhost)}, loginFailureDelay "
             f"{format_duration(self.login_failure_delay)} (max "
             f"{format_duration(self.login_failure_delay_max)}), memoryHighWatermark {watermark}, "
             f"diskFreeLimit {format_size(self.disk_free_limit)}, partialBodyBudget "

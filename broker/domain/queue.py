@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from plugbroker.domain import fate
+from plugbroker.domain.channelapi import ConsumerChannel as ConsumerChannel
 from plugbroker.domain.message import Message
 from plugbroker.domain.ready import FifoReady, PriorityReady, ReadyList
 from plugbroker.retry import MAX_DELAY
@@ -36,35 +37,6 @@ DEFAULT_MAX_UNACKED_PER_CONSUMER = 50_000
 
 def _is_number(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-class ConsumerChannel(Protocol):
-    """What a queue needs from the channel a consumer lives on."""
-
-    id: int
-    connection_id: str
-
-    @property
-    def unheard(self) -> bool:
-        """The broker is not reading the connection (a resource alarm blocks it): the ack
-        clocks of its consumers stand still meanwhile."""
-        ...
-
-    def can_deliver(self) -> bool: ...
-
-    def deliver(self, consumer: Consumer, msg: Message, queue: Queue) -> None: ...
-
-    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None: ...
-
-    def take_unacked(self, consumer: Consumer, only: Container[int] | None = None) -> list[Message]:
-        """Take back every message ``consumer`` holds unacked (it is being isolated), or only
-        those whose ids are in ``only``; a later ack for one of them is a late settle, not an
-        error."""
-        ...
-
-    def held_by(self, consumer: Consumer) -> Iterator[Message]:
-        """The messages ``consumer`` holds unacked on this channel, oldest delivery first."""
-        ...
 
 
 class Consumer:
@@ -202,6 +174,8 @@ class Queue:
         #: every message the queue holds, oldest first (ready, unacked and delayed)
         self.held: OrderedDict[int, Message] = OrderedDict()
         self.bytes = 0
+        #: the held messages' property bytes (headers), for the memory accounting
+        self.header_bytes = 0
         self.ready_bytes = 0
         self.acks_total = 0
         #: running counters for /metrics (kept incrementally: one int add where each happens)
@@ -340,6 +314,7 @@ class Queue:
             msg.expires_at = now + ttl / 1000.0
         self.held[msg.id] = msg
         self.bytes += msg.body_size
+        self.header_bytes += len(msg.properties)
         self.published_total += 1
         self.ready.append(msg)
         self.ready_bytes += msg.body_size
@@ -378,6 +353,7 @@ class Queue:
             delay = self.retry_delay(msg)
         self.held[msg.id] = msg
         self.bytes += msg.body_size
+        self.header_bytes += len(msg.properties)
         self.delayed += 1
         self.vhost.timers.call_later(delay, self._forward, msg)
         return True
@@ -397,6 +373,7 @@ class Queue:
         if self.not_due:
             self.not_due.pop(msg.id, None)
         self.bytes -= msg.body_size
+        self.header_bytes -= len(msg.properties)
         self.delayed -= 1
         self.acks_total += 1
         if msg.stored:
@@ -447,6 +424,7 @@ class Queue:
             if self.not_due:
                 self.not_due.pop(msg.id, None)
             self.bytes -= msg.body_size
+            self.header_bytes -= len(msg.properties)
             if msg.stored:
                 self.vhost.store_remove(self, msg)
 
@@ -625,6 +603,7 @@ class Queue:
             max_unacked=self.max_unacked_per_consumer,
         )
         self.consumers.append(c)
+        self.vhost.consumer_count += 1
         self.had_consumers = True
         self._key_owner.clear()
         self.touch()
@@ -636,6 +615,7 @@ class Queue:
             self.consumers.remove(c)
         except ValueError:
             return
+        self.vhost.consumer_count -= 1
         self._key_owner.clear()
         self.touch()
         if not self.consumers:
@@ -789,7 +769,7 @@ class Queue:
         self.held = OrderedDict()
         self.ready.drain()
         self.not_due.clear()
-        self.bytes = self.ready_bytes = self.delayed = 0
+        self.bytes = self.header_bytes = self.ready_bytes = self.delayed = 0
         self.moved_waiting.clear()
         for t in (self._expiry_timer, self._idle_timer):
             if t is not None:

@@ -93,6 +93,8 @@ class VirtualHost:
         #: bindings held in this vhost, and the caps a client's bind is held to (0: none);
         #: ``on_limit_refused`` is told the limit's name when one refuses a bind
         self.binding_count = 0
+        #: consumers on the vhost's queues (what maxConsumersPerVhost counts)
+        self.consumer_count = 0
         self.max_bindings_per_exchange = 0
         self.max_bindings_per_vhost = 0
         self.on_limit_refused: Callable[[str], None] | None = None
@@ -398,6 +400,7 @@ class VirtualHost:
                 self._binding_gone(b, notify_queue=False)
         for c in q.iter_consumers():
             q.consumers.remove(c)
+            self.consumer_count -= 1
             c.channel.consumer_cancelled_by_broker(c)
         msgs = q.drain_all()
         if q.durable and self.store.durable:

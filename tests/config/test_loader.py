@@ -583,9 +583,26 @@ def test_the_front_door_limits_are_read() -> None:
     assert (lim.login_failure_delay, lim.login_failure_delay_max) == (0.1, 2.0)
     assert "maxConnections 100" in lim.describe() and "maxQueuesPerVhost 1000" in lim.describe()
     default = parse_config("<broker/>").limits
-    assert (default.max_connections, default.max_queues_per_vhost) == (0, 0)
+    assert (default.max_connections, default.max_queues_per_vhost) == (0, 20_000)
     assert (default.login_failure_delay, default.login_failure_delay_max) == (0.5, 10.0)
     assert "maxConnections unlimited" in default.describe()
+
+
+def test_the_tenant_limits_are_read_and_0_lifts_them() -> None:
+    cfg = parse_config(
+        "<broker>\n<limits><maxChannelsPerUser>7</maxChannelsPerUser>"
+        "<maxConsumersPerChannel>0</maxConsumersPerChannel>"
+        "<maxConsumersPerVhost>9</maxConsumersPerVhost></limits>\n</broker>"
+    )
+    lim = cfg.limits
+    assert (lim.max_channels_per_user, lim.max_consumers_per_channel) == (7, 0)
+    assert lim.max_consumers_per_vhost == 9 and lim.max_connections_per_user == 1000
+    assert "maxChannelsPerUser 7" in lim.describe()
+    assert "maxConsumersPerChannel unlimited" in lim.describe()
+    with pytest.raises(ConfigError):
+        parse_config(
+            "<broker><limits><maxChannelsPerUser>-1</maxChannelsPerUser></limits></broker>"
+        )
 
 
 def test_the_binding_limits_and_the_hook_budget_are_read() -> None:
@@ -599,7 +616,7 @@ def test_the_binding_limits_and_the_hook_budget_are_read() -> None:
     assert lim.hook_budget == 0.25
     assert "maxBindingsPerExchange 50, maxBindingsPerVhost 500" in lim.describe()
     default = parse_config("<broker/>").limits
-    assert (default.max_bindings_per_exchange, default.max_bindings_per_vhost) == (0, 0)
+    assert (default.max_bindings_per_exchange, default.max_bindings_per_vhost) == (50_000, 100_000)
     assert default.hook_budget == 0.1
     assert (
         parse_config(

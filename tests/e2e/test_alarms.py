@@ -14,7 +14,7 @@ import amqp
 import kombu
 import pika
 import pytest
-from brokerutil import drain_for, drain_until
+from brokerutil import close_all, drain_for, drain_until
 from rawclient import (
     RawClient,
     body_frame,
@@ -39,15 +39,7 @@ def _amqp(b: Any, **kw: Any) -> amqp.Connection:
     return c
 
 
-def _close(*conns: Any, broker: Any = None) -> None:
-    if broker is not None:  # a failed test must not leave an alarm up: close would wait
-        for name in list(broker.call(lambda: list(broker.broker.alarms))):
-            broker.call(lambda n=name: broker.broker.clear_alarm(n))
-    for c in conns:
-        try:
-            c.close()
-        except Exception:
-            pass
+_close = close_all
 
 
 def _wait(b: Any, pred: Any, timeout: float = 5.0) -> None:
