@@ -104,13 +104,18 @@ class DeadLetterPlugin:
         pending, self._pending = self._pending, []
         for vhost, queue, durable in pending:
             self._retry_queue_for(vhost, queue, durable)
-        for q in broker.queues():
-            self._mark_if_target(q.vhost, q.name)
+        self._mark_all(broker)
 
     @hookimpl(trylast=True)
     def broker_config_reloaded(self, broker: BrokerAPI, config: Any) -> None:
-        for q in broker.queues():
-            self._mark_if_target(q.vhost, q.name)
+        self._mark_all(broker)
+
+    def _mark_all(self, broker: BrokerAPI) -> None:
+        """Mark every queue the configuration names as a target (at start and after a reload:
+        names only, no view of each queue is built)."""
+        for vhost in broker.vhosts():
+            for name in broker.queue_names(vhost):
+                self._mark_if_target(vhost, name)
 
     @hookimpl(trylast=True)
     def broker_queue_declared(

@@ -211,22 +211,30 @@ def test_delayed_message_survives_kill9_and_keeps_its_due_time(tmp_path: Path) -
         b.kill9()
 
 
-def test_retry_queue_hold_survives_kill9_and_keeps_its_due_time(tmp_path: Path) -> None:
+def _retry_broker(tmp_path: Path, level: str) -> tuple[Path, Any, Any, Any]:
+    """A broker process whose durable queue ``work`` retries after ``level``, holding one
+    persistent message that ``basic.get`` has taken (unacked): ``(config, broker, channel,
+    message)``."""
     cfg = write_config(
         tmp_path,
         tmp_path / "store",
         vhost=(
-            '<queue name="work" durable="true"><deadLetter><retry><levels>3s</levels></retry>'
-            "</deadLetter></queue>"
+            f'<queue name="work" durable="true"><deadLetter><retry><levels>{level}</levels>'
+            "</retry></deadLetter></queue>"
         ),
     )
     b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
+    _, ch = _channel(b.port)
+    ch.queue_declare("work", durable=True, auto_delete=False)
+    ch.basic_publish_confirm(amqp.Message("again", delivery_mode=2), "", "work")
+    m = ch.basic_get("work")
+    assert m is not None
+    return cfg, b, ch, m
+
+
+def test_retry_queue_hold_survives_kill9_and_keeps_its_due_time(tmp_path: Path) -> None:
+    cfg, b, ch, m = _retry_broker(tmp_path, "3s")
     try:
-        conn, ch = _channel(b.port)
-        ch.queue_declare("work", durable=True, auto_delete=False)
-        ch.basic_publish_confirm(amqp.Message("again", delivery_mode=2), "", "work")
-        m = ch.basic_get("work")
-        assert m is not None
         t_pub = time.monotonic()
         # the broker copies it into work-RETRY (level 1: 3 s) and confirms; then the helper acks
         reconsume_later(m)
@@ -254,21 +262,8 @@ def test_a_retry_copy_is_confirmed_only_once_the_store_has_it(tmp_path: Path) ->
     """The retry request's confirm means the copy is on disk: kill -9 right after it, with no
     other persistent write in between (a later write would flush the store and hide the
     window). The original was never acked: it comes back too (a duplicate, never a loss)."""
-    cfg = write_config(
-        tmp_path,
-        tmp_path / "store",
-        vhost=(
-            '<queue name="work" durable="true"><deadLetter><retry><levels>1s</levels></retry>'
-            "</deadLetter></queue>"
-        ),
-    )
-    b = BrokerProcess(cfg, log=tmp_path / "broker.log").start()
+    cfg, b, ch, m = _retry_broker(tmp_path, "1s")
     try:
-        conn, ch = _channel(b.port)
-        ch.queue_declare("work", durable=True, auto_delete=False)
-        ch.basic_publish_confirm(amqp.Message("again", delivery_mode=2), "", "work")
-        m = ch.basic_get("work")
-        assert m is not None
         request = amqp.Message(
             b"",
             application_headers={
